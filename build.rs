@@ -1,0 +1,42 @@
+//! Compiles the HRM extension (`ggml-ext/*.c`) against the ggml that llama-cpp-sys-2 builds
+//! (its headers are exported as `DEP_LLAMA_ROOT/include`), so the binary holds one ggml, and
+//! generates the extension's bindings. ggml's own types come from llama-cpp-sys-2's bindings.
+
+use std::path::PathBuf;
+
+fn main() {
+    let root = PathBuf::from(std::env::var("DEP_LLAMA_ROOT").expect("llama-cpp-sys-2 exports DEP_LLAMA_ROOT"));
+    let include = root.join("include");
+    let sources: Vec<PathBuf> = std::fs::read_dir("ggml-ext")
+        .expect("ggml-ext/ exists")
+        .map(|e| e.expect("readable dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "c"))
+        .collect();
+    for s in &sources {
+        println!("cargo:rerun-if-changed={}", s.display());
+    }
+    println!("cargo:rerun-if-changed=ggml-ext/hrm.h");
+
+    cc::Build::new()
+        .files(&sources)
+        .include(&include)
+        .include("ggml-ext")
+        .flag_if_supported("-std=c11")
+        .flag_if_supported("-march=native")
+        .warnings(true)
+        .extra_warnings(true)
+        .opt_level(3)
+        .compile("frigg_ggml_ext");
+
+    let bindings = bindgen::Builder::default()
+        .header("ggml-ext/hrm.h")
+        .clang_arg(format!("-I{}", include.display()))
+        .allowlist_function("hrm_.*")
+        .allowlist_type("hrm_.*")
+        .allowlist_recursively(false)
+        .raw_line("#[allow(unused_imports)] use llama_cpp_sys_2::*;")
+        .generate()
+        .expect("bindgen on ggml-ext/hrm.h");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    bindings.write_to_file(out.join("hrm_ext.rs")).expect("write hrm_ext.rs");
+}

@@ -1,0 +1,120 @@
+// frigg's ggml extension: the three HRM-Text pieces ggml does not have.
+//   1. the PrefixLM attention mask built from token_type_ids (this file's hrm_fill_mask),
+//   2. the virtual-layer KV cache (one K/V per stack invocation and layer),
+//   3. the eight-run schedule as a graph builder.
+// Compiled by build.rs against the ggml headers shipped by llama-cpp-sys-2 (one ggml).
+#pragma once
+
+#include <stdint.h>
+#include "ggml.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ggml's quantization format version (GGML_QNT_VERSION), for general.quantization_version.
+int hrm_ggml_qnt_version(void);
+
+// KV slot of layer `layer` in the stack run at (h, l); l == l_cycles is the H run.
+//   slot(h, l, layer) = (h * (l_cycles + 1) + l) * layers_per_stack + layer
+int hrm_kv_slot(int h, int l, int layer, int l_cycles, int layers_per_stack);
+
+// Fills an F16 attention mask for one sequence, row-major [n_q][n_kv_pad]:
+// 0 where query i may attend cache cell j, -inf elsewhere (cells n_kv..n_kv_pad-1 always -inf).
+// Query i sits at position q_pos[i]; cell j holds position j.
+// Causal: j <= q_pos[i]. PrefixLM (the reference's block_sequence_ids): when `token_types`
+// is non-NULL it holds the types of cells 0..n_kv-1 and the cells whose type is exactly 1
+// form one bidirectional group: a query whose own position has type 1 also sees every other
+// type-1 cell, contiguous or not. Any other value is plain causal. Pass token_types only on
+// the first forward of a sequence (prefill, verify); decode rows pass NULL.
+// Returns 0, or -1 when an argument is out of range (nothing written then).
+int hrm_fill_mask(uint16_t * mask, int n_q, int n_kv, int n_kv_pad,
+                  const int32_t * q_pos, const int32_t * token_types);
+
+// ---------------------------------------------------------------------------------------------
+// The model and its KV cache, as the graph builder sees them. Tensors are owned by the caller
+// (frigg's Rust side allocates them in backend buffers); the builder only wires them.
+
+struct hrm_hparams {
+    int32_t n_embd;            // hidden size
+    int32_t n_head;            // attention heads (MHA: as many KV heads)
+    int32_t head_dim;
+    int32_t n_ff;              // SwiGLU width
+    int32_t n_vocab;
+    int32_t layers_per_stack;
+    int32_t h_cycles;
+    int32_t l_cycles;
+    float   rms_eps;
+    float   rope_theta;
+    float   embedding_scale;
+    int32_t n_ctx_train;       // RoPE's original context (no scaling is applied)
+};
+
+// One decoder layer; ggml shapes [in, out].
+struct hrm_layer {
+    struct ggml_tensor * attn_gate;  // [n_embd, n_head*head_dim]
+    struct ggml_tensor * attn_q;     // [n_embd, n_head*head_dim]
+    struct ggml_tensor * attn_k;
+    struct ggml_tensor * attn_v;
+    struct ggml_tensor * attn_out;   // [n_head*head_dim, n_embd]
+    struct ggml_tensor * ffn_gate;   // [n_embd, n_ff]
+    struct ggml_tensor * ffn_up;     // [n_embd, n_ff]
+    struct ggml_tensor * ffn_down;   // [n_ff, n_embd]
+};
+
+struct hrm_model {
+    struct hrm_hparams   hp;
+    struct ggml_tensor * tok_embd;   // [n_embd, n_vocab]
+    struct ggml_tensor * output;     // [n_embd, n_vocab] (tok_embd when tied)
+    struct ggml_tensor * z_l_init;   // [n_embd], F32
+    struct hrm_layer   * layers;     // 2*layers_per_stack: L stack [0, lps), H stack [lps, 2*lps)
+};
+
+// One K and one V per virtual slot, each 2-D [n_head*head_dim, n_ctx*n_stream]:
+// row (stream*n_ctx + pos) holds the key (value) of position `pos` of the sequence in `stream`.
+struct hrm_kv_cache {
+    int32_t               n_slots;   // layers_per_stack * h_cycles * (l_cycles + 1)
+    int32_t               n_ctx;     // cells per stream
+    int32_t               n_stream;  // sequences the cache holds
+    struct ggml_tensor ** k;         // n_slots tensors
+    struct ggml_tensor ** v;         // n_slots tensors
+};
+
+// The shapes one forward is built for (a graph is reusable while these stay the same).
+struct hrm_step {
+    int32_t n_tokens;   // new tokens per stream (token index = stream*n_tokens + t)
+    int32_t n_stream;   // streams in the step: cache streams 0..n_stream-1
+    int32_t n_kv;       // cache cells attended per stream (>= every position + 1; padding masked);
+                        // ignored when first != 0
+    int32_t n_out;      // rows that get logits
+    int32_t first;      // 1: the sequence's first forward (prefill, verify): attention runs over
+                        // this step's own keys/values, which are also written to the cache
+};
+
+// The step's inputs (filled by the caller before compute) and its output.
+struct hrm_step_io {
+    struct ggml_tensor * tokens;   // I32 [n_tokens*n_stream]
+    struct ggml_tensor * pos;      // I32 [n_tokens*n_stream] positions
+    struct ggml_tensor * kv_rows;  // I64 [n_tokens*n_stream] cache row of each token (stream*n_ctx + pos)
+    struct ggml_tensor * mask;     // F16 [n_kv_or_tokens, n_tokens, 1, n_stream] (hrm_fill_mask per stream)
+    struct ggml_tensor * out_rows; // I32 [n_out] token indices whose logits are computed
+    struct ggml_tensor * logits;   // F32 [n_vocab, n_out]
+};
+
+// Appends one HRM-Text forward to `gf` (the reference's HrmTextModel.forward + lm_head):
+//   zH = embed(tokens) * embedding_scale;  zL = z_L_init
+//   for h < H: for l < L: zL = L_stack(zL + zH, slot base (h*(L+1)+l)*lps)
+//              zH = H_stack(zH + zL, slot base (h*(L+1)+L)*lps)
+//   logits = output(zH[out_rows])
+// Every intermediate is named "s<slot>.<role>" (or "<role>" outside layers) for dumps.
+// Returns 0, or -1 when the step does not fit the model or the cache.
+int hrm_build_forward(struct ggml_context * ctx, struct ggml_cgraph * gf,
+                      const struct hrm_model * model, const struct hrm_kv_cache * kv,
+                      const struct hrm_step * step, struct hrm_step_io * io);
+
+// Upper bound on the graph nodes hrm_build_forward adds for this model.
+size_t hrm_graph_nodes(const struct hrm_hparams * hp);
+
+#ifdef __cplusplus
+}
+#endif

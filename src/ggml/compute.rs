@@ -1,0 +1,341 @@
+//! Owned handles for ggml's compute objects: backends, buffers, contexts, the scheduler and
+//! graphs. Raw tensor pointers stay inside frigg's engine types; every FFI call is here.
+
+use super::sys;
+use super::GgmlType;
+use std::ffi::{CStr, CString};
+use std::ptr::NonNull;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ComputeError {
+    #[error("ggml could not start the {0} backend")]
+    BackendInit(String),
+    #[error("could not allocate a {what} buffer of {bytes} bytes")]
+    Alloc { what: String, bytes: usize },
+    #[error("ggml could not allocate the compute graph's buffers")]
+    GraphAlloc,
+    #[error("graph compute failed with status {0}")]
+    Compute(i32),
+    #[error("ggml_init failed (out of memory)")]
+    ContextInit,
+}
+
+/// A compute backend (the CPU, or a GPU when built with one).
+#[derive(Debug)]
+pub struct Backend {
+    ptr: NonNull<sys::ggml_backend>,
+    is_cpu: bool,
+}
+
+// SAFETY: a backend is used by one thread at a time (the engine thread owns it).
+unsafe impl Send for Backend {}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: created by ggml_backend_*_init and freed once.
+        unsafe { sys::ggml_backend_free(self.ptr.as_ptr()) }
+    }
+}
+
+impl Backend {
+    pub fn cpu(threads: usize) -> Result<Self, ComputeError> {
+        // SAFETY: no preconditions.
+        let p = unsafe { sys::ggml_backend_cpu_init() };
+        let ptr = NonNull::new(p).ok_or_else(|| ComputeError::BackendInit("CPU".into()))?;
+        // SAFETY: ptr is a CPU backend.
+        unsafe { sys::ggml_backend_cpu_set_n_threads(ptr.as_ptr(), threads.max(1) as i32) };
+        Ok(Backend { ptr, is_cpu: true })
+    }
+
+    /// The first GPU device ggml knows (CUDA/Vulkan/Metal builds), if any.
+    pub fn gpu() -> Result<Self, ComputeError> {
+        // SAFETY: NULL params are allowed.
+        let p = unsafe { sys::ggml_backend_init_by_type(sys::GGML_BACKEND_DEVICE_TYPE_GPU, std::ptr::null()) };
+        let ptr = NonNull::new(p).ok_or_else(|| ComputeError::BackendInit("GPU (none found, or frigg was built without one)".into()))?;
+        Ok(Backend { ptr, is_cpu: false })
+    }
+
+    pub fn is_cpu(&self) -> bool {
+        self.is_cpu
+    }
+
+    pub fn set_threads(&self, threads: usize) {
+        if self.is_cpu {
+            // SAFETY: a CPU backend.
+            unsafe { sys::ggml_backend_cpu_set_n_threads(self.ptr.as_ptr(), threads.max(1) as i32) };
+        }
+    }
+
+    pub fn name(&self) -> String {
+        // SAFETY: static name.
+        unsafe { CStr::from_ptr(sys::ggml_backend_name(self.ptr.as_ptr())).to_string_lossy().into_owned() }
+    }
+
+    pub(crate) fn raw(&self) -> sys::ggml_backend_t {
+        self.ptr.as_ptr()
+    }
+
+    /// The backend's default buffer type.
+    pub fn buffer_type(&self) -> BufferType {
+        // SAFETY: valid backend.
+        BufferType(unsafe { sys::ggml_backend_get_default_buffer_type(self.ptr.as_ptr()) })
+    }
+
+    /// The CPU's repacking buffer type (weights re-laid out for faster matmuls), if compiled in.
+    pub fn cpu_repack_buffer_type() -> Option<BufferType> {
+        // SAFETY: registry lookups; the proc address, when present, has the documented signature
+        // and returns a NULL-terminated array of static buffer types.
+        unsafe {
+            let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
+            if dev.is_null() {
+                return None;
+            }
+            let reg = sys::ggml_backend_dev_backend_reg(dev);
+            let name = CString::new("ggml_backend_dev_get_extra_bufts").expect("static");
+            let f = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
+            if f.is_null() {
+                return None;
+            }
+            let f: sys::ggml_backend_dev_get_extra_bufts_t = std::mem::transmute(f);
+            let mut p = (f?)(dev);
+            while !p.is_null() && !(*p).is_null() {
+                let bt = *p;
+                let n = CStr::from_ptr(sys::ggml_backend_buft_name(bt)).to_string_lossy();
+                if n.contains("REPACK") {
+                    return Some(BufferType(bt));
+                }
+                p = p.add(1);
+            }
+            None
+        }
+    }
+}
+
+/// A buffer type (where tensors can live).
+#[derive(Debug, Clone, Copy)]
+pub struct BufferType(sys::ggml_backend_buffer_type_t);
+
+impl BufferType {
+    pub fn cpu() -> Self {
+        // SAFETY: static buffer type.
+        BufferType(unsafe { sys::ggml_backend_cpu_buffer_type() })
+    }
+
+    pub fn name(&self) -> String {
+        // SAFETY: static name.
+        unsafe { CStr::from_ptr(sys::ggml_backend_buft_name(self.0)).to_string_lossy().into_owned() }
+    }
+}
+
+/// An allocated backend buffer holding the tensors of one [`Context`].
+#[derive(Debug)]
+pub struct Buffer {
+    ptr: NonNull<sys::ggml_backend_buffer>,
+}
+
+// SAFETY: buffers are plain memory owned by this handle.
+unsafe impl Send for Buffer {}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by ggml and freed once.
+        unsafe { sys::ggml_backend_buffer_free(self.ptr.as_ptr()) }
+    }
+}
+
+impl Buffer {
+    pub fn size(&self) -> usize {
+        // SAFETY: valid buffer.
+        unsafe { sys::ggml_backend_buffer_get_size(self.ptr.as_ptr()) }
+    }
+
+    pub fn clear(&self, value: u8) {
+        // SAFETY: valid buffer.
+        unsafe { sys::ggml_backend_buffer_clear(self.ptr.as_ptr(), value) }
+    }
+
+    pub fn mark_weights(&self) {
+        // SAFETY: valid buffer.
+        unsafe { sys::ggml_backend_buffer_set_usage(self.ptr.as_ptr(), sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) }
+    }
+}
+
+/// A ggml context that only describes tensors (no_alloc); data lives in backend buffers.
+#[derive(Debug)]
+pub struct Context {
+    ptr: NonNull<sys::ggml_context>,
+}
+
+// SAFETY: a context is only touched by the thread that owns the engine.
+unsafe impl Send for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: created by ggml_init and freed once.
+        unsafe { sys::ggml_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A tensor inside a [`Context`]; valid while that context lives (engine types keep both).
+pub type TensorPtr = *mut sys::ggml_tensor;
+
+impl Context {
+    /// Room for `n_tensors` tensor descriptors plus a graph of `graph_size` nodes.
+    pub fn new(n_tensors: usize, graph_size: usize) -> Result<Self, ComputeError> {
+        // SAFETY: sizes come from ggml's own overhead functions; no_alloc contexts hold no data.
+        unsafe {
+            let mut mem = sys::ggml_tensor_overhead() * n_tensors;
+            if graph_size > 0 {
+                mem += sys::ggml_graph_overhead_custom(graph_size, false);
+            }
+            let params = sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
+            NonNull::new(sys::ggml_init(params)).map(|ptr| Context { ptr }).ok_or(ComputeError::ContextInit)
+        }
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_context {
+        self.ptr.as_ptr()
+    }
+
+    /// A new tensor descriptor with `name`, type and ggml shape.
+    pub fn new_tensor(&self, name: &str, ty: GgmlType, ne: &[i64]) -> TensorPtr {
+        let cname = CString::new(name).expect("tensor names have no NUL");
+        // SAFETY: the context has room (sized by the caller); ne has 1..=4 dims.
+        unsafe {
+            let t = sys::ggml_new_tensor(self.raw(), ty.0, ne.len() as i32, ne.as_ptr());
+            assert!(!t.is_null(), "ggml context too small for tensor {name}");
+            sys::ggml_set_name(t, cname.as_ptr());
+            t
+        }
+    }
+
+    /// Allocates every tensor of this context in one buffer of `buft`.
+    pub fn alloc_tensors(&self, buft: BufferType, what: &str) -> Result<Buffer, ComputeError> {
+        // SAFETY: every tensor in the context is unallocated; the returned buffer owns the memory.
+        let p = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(self.raw(), buft.0) };
+        let bytes = self.total_bytes();
+        NonNull::new(p).map(|ptr| Buffer { ptr }).ok_or_else(|| ComputeError::Alloc { what: format!("{what} ({})", buft.name()), bytes })
+    }
+
+    fn total_bytes(&self) -> usize {
+        let mut n = 0;
+        // SAFETY: iterating this context's tensors.
+        unsafe {
+            let mut t = sys::ggml_get_first_tensor(self.raw());
+            while !t.is_null() {
+                n += sys::ggml_nbytes(t);
+                t = sys::ggml_get_next_tensor(self.raw(), t);
+            }
+        }
+        n
+    }
+
+    /// A graph with room for `size` nodes in this context.
+    pub fn new_graph(&self, size: usize) -> *mut sys::ggml_cgraph {
+        // SAFETY: the context was sized with ggml_graph_overhead_custom(size).
+        unsafe { sys::ggml_new_graph_custom(self.raw(), size, false) }
+    }
+}
+
+/// Copies bytes into an allocated tensor (any backend).
+///
+/// # Safety
+/// `t` must be an allocated tensor of a live context and `data` at most `ggml_nbytes(t) - offset` bytes.
+pub unsafe fn tensor_set(t: TensorPtr, data: &[u8], offset: usize) {
+    sys::ggml_backend_tensor_set(t, data.as_ptr() as *const _, offset, data.len());
+}
+
+/// Copies bytes out of an allocated tensor.
+///
+/// # Safety
+/// As [`tensor_set`].
+pub unsafe fn tensor_get(t: TensorPtr, out: &mut [u8], offset: usize) {
+    sys::ggml_backend_tensor_get(t, out.as_mut_ptr() as *mut _, offset, out.len());
+}
+
+/// Bytes of a tensor's data.
+///
+/// # Safety
+/// `t` must point to a live tensor.
+pub unsafe fn nbytes(t: TensorPtr) -> usize {
+    sys::ggml_nbytes(t)
+}
+
+/// ggml's backend scheduler over one device (plus the CPU as the last backend).
+#[derive(Debug)]
+pub struct Scheduler {
+    ptr: NonNull<sys::ggml_backend_sched>,
+    /// The graph whose allocation is current (graphs are reused across decode steps).
+    allocated: *mut sys::ggml_cgraph,
+}
+
+// SAFETY: owned by the engine thread.
+unsafe impl Send for Scheduler {}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: created by ggml_backend_sched_new and freed once.
+        unsafe { sys::ggml_backend_sched_free(self.ptr.as_ptr()) }
+    }
+}
+
+impl Scheduler {
+    /// `backends` must end with the CPU backend.
+    pub fn new(backends: &[&Backend], graph_size: usize) -> Result<Self, ComputeError> {
+        let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.raw()).collect();
+        // SAFETY: raw holds live backends, the last one the CPU (checked by ggml).
+        let p = unsafe { sys::ggml_backend_sched_new(raw.as_mut_ptr(), std::ptr::null_mut(), raw.len() as i32, graph_size, false, true) };
+        NonNull::new(p).map(|ptr| Scheduler { ptr, allocated: std::ptr::null_mut() }).ok_or(ComputeError::GraphAlloc)
+    }
+
+    /// Makes `gf`'s allocation current (a no-op when it already is), so inputs can be set.
+    pub fn ensure_allocated(&mut self, gf: *mut sys::ggml_cgraph) -> Result<(), ComputeError> {
+        if self.allocated == gf {
+            return Ok(());
+        }
+        // SAFETY: gf is a live graph whose tensors belong to a live context.
+        unsafe {
+            sys::ggml_backend_sched_reset(self.ptr.as_ptr());
+            if !sys::ggml_backend_sched_alloc_graph(self.ptr.as_ptr(), gf) {
+                self.allocated = std::ptr::null_mut();
+                return Err(ComputeError::GraphAlloc);
+            }
+        }
+        self.allocated = gf;
+        Ok(())
+    }
+
+    /// Runs an allocated graph.
+    pub fn compute(&mut self, gf: *mut sys::ggml_cgraph) -> Result<(), ComputeError> {
+        self.ensure_allocated(gf)?;
+        // SAFETY: gf is allocated by this scheduler.
+        let st = unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), gf) };
+        if st != sys::GGML_STATUS_SUCCESS {
+            return Err(ComputeError::Compute(st));
+        }
+        Ok(())
+    }
+
+    /// Forgets the current allocation (call before dropping the graph it belongs to).
+    pub fn forget(&mut self, gf: *mut sys::ggml_cgraph) {
+        if self.allocated == gf {
+            // SAFETY: valid scheduler.
+            unsafe { sys::ggml_backend_sched_reset(self.ptr.as_ptr()) };
+            self.allocated = std::ptr::null_mut();
+        }
+    }
+
+    /// Compute-buffer bytes held for `backend`.
+    pub fn buffer_size(&self, backend: &Backend) -> usize {
+        // SAFETY: valid scheduler and backend.
+        unsafe { sys::ggml_backend_sched_get_buffer_size(self.ptr.as_ptr(), backend.raw()) }
+    }
+
+    /// Calls `cb` on every node after it is computed (debug dumps); None clears it.
+    ///
+    /// # Safety
+    /// `user_data` must outlive every compute while the callback is set.
+    pub unsafe fn set_eval_callback(&mut self, cb: sys::ggml_backend_sched_eval_callback, user_data: *mut std::ffi::c_void) {
+        sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), cb, user_data);
+    }
+}

@@ -1,0 +1,18 @@
+//! frigg: an inference engine for HRM-Text (DFM-Mimir) on ggml.
+
+pub mod arch;
+#[path = "../convert/mod.rs"]
+pub mod convert;
+pub mod ggml;
+pub mod inspect;
+pub mod model;
+
+/// frigg's version, ggml's version and the compute backends compiled in.
+pub fn long_version() -> String {
+    format!(
+        "{} (ggml {}, llama-cpp-sys-2 =0.1.161, backends: {})",
+        env!("CARGO_PKG_VERSION"),
+        ggml::version(),
+        ggml::backend_names().join(", ")
+    )
+}
