@@ -260,10 +260,6 @@ fn write_metadata(
             b.set_u32(k, id)?;
         }
     }
-    // The end-of-turn token: the generation EOS that is not the plain <eos> (Mimir: <turn|>).
-    if let Some(eot) = eos_ids.iter().copied().find(|&i| Some(i) != vocab.eos) {
-        b.set_u32(key::TOK_EOT, eot)?;
-    }
     if !eos_ids.is_empty() {
         b.set_arr_u32(key::TOK_EOS_IDS, &eos_ids)?;
     }

@@ -117,6 +117,10 @@ pub fn plan(ck: &Checkpoint, hp: &HParams, tie_word_embeddings: bool, out: OutTy
     let lps = hp.layers_per_stack;
     let (e, a, kv, f) = (hp.n_embd as usize, hp.n_embd_attn() as usize, (hp.n_head_kv * hp.head_dim) as usize, hp.n_ff as usize);
 
+    // One layout for the whole checkpoint, so a missing layer is reported in the names it lacks.
+    let packed = ck.tensors.keys().any(|k| k.ends_with(".attn.gqkv_proj.weight") || k.ends_with(".mlp.gate_up_proj.weight"));
+    // Report missing names as the checkpoint stores its inner-model tensors.
+    let stored_prefix = if ck.tensors.values().any(|t| t.stored_name.starts_with("model.")) { "model." } else { "" };
     let mut used = BTreeSet::new();
     let mut missing = vec![];
     let mut shape_errors = vec![];
@@ -135,7 +139,6 @@ pub fn plan(ck: &Checkpoint, hp: &HParams, tie_word_embeddings: bool, out: OutTy
                 let prefix = format!("{stack}.layers.{layer}");
                 let packed_attn = format!("{prefix}.attn.gqkv_proj.weight");
                 let packed_mlp = format!("{prefix}.mlp.gate_up_proj.weight");
-                let packed = ck.tensors.contains_key(&packed_attn) || ck.tensors.contains_key(&packed_mlp);
                 if packed {
                     match w {
                         LayerWeight::AttnGate => (packed_attn, vec![2 * a + 2 * kv, e], 0),
@@ -164,8 +167,9 @@ pub fn plan(ck: &Checkpoint, hp: &HParams, tie_word_embeddings: bool, out: OutTy
         };
         used.insert(src.clone());
         let Some(source) = ck.tensors.get(&src) else {
-            if !missing.contains(&src) {
-                missing.push(src);
+            let stored = if src == "lm_head.weight" { src } else { format!("{stored_prefix}{src}") };
+            if !missing.contains(&stored) {
+                missing.push(stored);
             }
             continue;
         };

@@ -40,7 +40,6 @@ pub mod key {
     pub const TOK_MERGES: &str = "tokenizer.ggml.merges";
     pub const TOK_BOS: &str = "tokenizer.ggml.bos_token_id";
     pub const TOK_EOS: &str = "tokenizer.ggml.eos_token_id";
-    pub const TOK_EOT: &str = "tokenizer.ggml.eot_token_id";
     pub const TOK_UNK: &str = "tokenizer.ggml.unknown_token_id";
     pub const TOK_PAD: &str = "tokenizer.ggml.padding_token_id";
     pub const TOK_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";

@@ -119,7 +119,6 @@ impl Inspection {
                 "n_merges": arr_len(key::TOK_MERGES),
                 "bos_token_id": val(key::TOK_BOS),
                 "eos_token_id": val(key::TOK_EOS),
-                "eot_token_id": val(key::TOK_EOT),
                 "eos_token_ids": val(key::TOK_EOS_IDS),
                 "huggingface_json": find(m, key::TOK_HF_JSON).is_some(),
             },
