@@ -3,9 +3,11 @@
 pub mod arch;
 #[path = "../convert/mod.rs"]
 pub mod convert;
+pub mod engine;
 pub mod ggml;
 pub mod inspect;
 pub mod model;
+pub mod parity;
 
 /// frigg's version, ggml's version and the compute backends compiled in.
 pub fn long_version() -> String {

@@ -1,0 +1,374 @@
+//! The engine: one model, one KV cache of `n_stream` sequences, and the per-step decision of
+//! which tokens run at which positions. The graph itself is built by the C extension
+//! (`ggml-ext/hrm_graph.c`); this file only fills its inputs and reads its logits.
+//!
+//! Stream contract: a sequence lives in one stream (a row block of every slot's cache).
+//! `prefill` is its first forward (PrefixLM mask from token types, all prompt tokens at once);
+//! `decode` advances any set of streams by one token each in one graph; `rewind` shortens a
+//! stream for free (later cells are masked); `fork` copies a stream's cells into another.
+
+use crate::arch::HParams;
+use crate::ggml::compute::{self, Backend, ComputeError, Context, Scheduler};
+use crate::ggml::{ext, fill_mask, sys};
+use crate::model::{KvCache, KvType, LoadError, Model};
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Load(#[from] LoadError),
+    #[error("{0}")]
+    Compute(#[from] ComputeError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("token id {id} is outside the vocabulary (size {n_vocab})")]
+    BadToken { id: u32, n_vocab: u32 },
+    #[error("context length exceeded: {needed} positions needed, the limit is {limit}")]
+    ContextFull { needed: usize, limit: usize },
+    #[error("token_type_ids has {got} entries for {expected} tokens")]
+    TypesLength { got: usize, expected: usize },
+    #[error("stream {0} does not exist or holds no sequence")]
+    BadStream(usize),
+    #[error("the graph builder refused the step (shapes do not fit the model or the cache)")]
+    Build,
+}
+
+/// Where the engine runs and how much it holds.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub threads: usize,
+    /// Positions per sequence (≤ the model's context length).
+    pub n_ctx: usize,
+    /// Sequences held at once (cache streams).
+    pub n_stream: usize,
+    pub kv_type: KvType,
+    pub gpu: bool,
+    /// Use the CPU's repacked weight layout for Q4_0/Q4_K.
+    pub repack: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n_ctx: 0,
+            n_stream: 1,
+            kv_type: KvType::F16,
+            gpu: false,
+            repack: true,
+        }
+    }
+}
+
+/// A graph built for one step shape, reusable while the shape holds.
+struct Built {
+    step: ext::hrm_step,
+    io: ext::hrm_step_io,
+    gf: *mut sys::ggml_cgraph,
+    _ctx: Context,
+}
+
+/// Which rows of a first forward get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    Last,
+    All,
+}
+
+/// Pad the attended cache length to this multiple, so a decode graph is rebuilt only when a
+/// sequence crosses a bucket (ggml-cuda's vector FA kernel also wants multiples of 256).
+const KV_PAD: usize = 256;
+
+pub struct Engine {
+    pub model: Model,
+    kv: KvCache,
+    /// Two schedulers: ggml keeps an allocated graph's tensor addresses only until another
+    /// graph is allocated on the same scheduler, so first forwards get their own and the decode
+    /// graph stays allocated (and reusable, for ggml-cuda's graph capture) across prefills.
+    sched_first: Scheduler,
+    sched_decode: Scheduler,
+    backends: Vec<Backend>,
+    /// Current length (positions filled) of each stream; None = free.
+    lens: Vec<Option<usize>>,
+    decode_graph: Option<Built>,
+    graph_size: usize,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("model", &self.model).field("lens", &self.lens).finish()
+    }
+}
+
+impl Engine {
+    pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine, EngineError> {
+        let cpu = Backend::cpu(opts.threads)?;
+        let mut backends = vec![];
+        if opts.gpu {
+            backends.push(Backend::gpu()?);
+        }
+        backends.push(cpu);
+        let main = &backends[0];
+        let model = Model::load(path, main, opts.repack)?;
+        let hp = model.hp.clone();
+        let n_ctx = if opts.n_ctx == 0 { hp.n_ctx_train as usize } else { opts.n_ctx };
+        if n_ctx > hp.n_ctx_train as usize {
+            return Err(EngineError::ContextFull { needed: n_ctx, limit: hp.n_ctx_train as usize });
+        }
+        let kv = KvCache::new(&hp, n_ctx, opts.n_stream.max(1), opts.kv_type, main)?;
+        // SAFETY: pure function of the hyperparameters.
+        let graph_size = unsafe { ext::hrm_graph_nodes(&crate::model::c_hparams(&hp)) } * 2;
+        let refs: Vec<&Backend> = backends.iter().collect();
+        let sched_first = Scheduler::new(&refs, graph_size)?;
+        let sched_decode = Scheduler::new(&refs, graph_size)?;
+        Ok(Engine { model, kv, sched_first, sched_decode, lens: vec![None; opts.n_stream.max(1)], backends, decode_graph: None, graph_size })
+    }
+
+    pub fn hparams(&self) -> &HParams {
+        &self.model.hp
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx
+    }
+
+    pub fn n_stream(&self) -> usize {
+        self.kv.n_stream
+    }
+
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    pub fn set_threads(&self, n: usize) {
+        for b in &self.backends {
+            b.set_threads(n);
+        }
+    }
+
+    /// Compute-buffer bytes currently held.
+    pub fn compute_bytes(&self) -> usize {
+        self.backends.iter().map(|b| self.sched_first.buffer_size(b) + self.sched_decode.buffer_size(b)).sum()
+    }
+
+    pub fn stream_len(&self, stream: usize) -> Option<usize> {
+        self.lens.get(stream).copied().flatten()
+    }
+
+    /// Frees a stream (its cells are simply reused later).
+    pub fn release(&mut self, stream: usize) {
+        if let Some(l) = self.lens.get_mut(stream) {
+            *l = None;
+        }
+    }
+
+    /// The lowest free stream.
+    pub fn free_stream(&self) -> Option<usize> {
+        self.lens.iter().position(Option::is_none)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        let n_vocab = self.model.hp.n_vocab;
+        match tokens.iter().find(|&&t| t >= n_vocab) {
+            Some(&id) => Err(EngineError::BadToken { id, n_vocab }),
+            None => Ok(()),
+        }
+    }
+
+    fn build(&self, step: ext::hrm_step) -> Result<Built, EngineError> {
+        let ctx = Context::new(self.graph_size, self.graph_size)?;
+        let gf = ctx.new_graph(self.graph_size);
+        let mut io: ext::hrm_step_io = unsafe { std::mem::zeroed() };
+        let mut kv = self.kv_view();
+        // SAFETY: the context has room for the graph and its tensors; model and cache tensors
+        // outlive the graph (both are owned by self, and graphs are dropped before them).
+        let rc = unsafe { ext::hrm_build_forward(ctx.raw(), gf, self.model.c_model(), &mut kv, &step, &mut io) };
+        if rc != 0 {
+            return Err(EngineError::Build);
+        }
+        Ok(Built { step, io, gf, _ctx: ctx })
+    }
+
+    fn kv_view(&self) -> ext::hrm_kv_cache {
+        // The C side only reads through these pointers.
+        let kv = &self.kv as *const KvCache as *mut KvCache;
+        // SAFETY: c_view only takes pointers to the tensor lists, which are not mutated.
+        unsafe { (*kv).c_view() }
+    }
+
+    /// Runs a built graph with its inputs and returns `n_out` rows of logits.
+    fn run(&mut self, first: bool, built: &Built, tokens: &[i32], pos: &[i32], rows: &[i64], mask: &[u16], out: &[i32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let sched = if first { &mut self.sched_first } else { &mut self.sched_decode };
+        sched.ensure_allocated(built.gf)?;
+        let io = &built.io;
+        // SAFETY: each input tensor was created with exactly these element counts and types
+        // (I32, I32, I64, F16, I32) by hrm_build_forward for this step shape.
+        unsafe {
+            compute::tensor_set(io.tokens, bytes_of(tokens), 0);
+            compute::tensor_set(io.pos, bytes_of(pos), 0);
+            compute::tensor_set(io.kv_rows, bytes_of(rows), 0);
+            compute::tensor_set(io.mask, bytes_of(mask), 0);
+            compute::tensor_set(io.out_rows, bytes_of(out), 0);
+        }
+        sched.compute(built.gf)?;
+        let n_vocab = self.model.hp.n_vocab as usize;
+        let mut flat = vec![0f32; n_vocab * out.len()];
+        // SAFETY: logits is F32 [n_vocab, n_out].
+        unsafe { compute::tensor_get(io.logits, bytes_of_mut(&mut flat), 0) };
+        Ok(flat.chunks(n_vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// The first forward of a sequence in `stream`: all `tokens` at positions `0..n`, with the
+    /// PrefixLM mask from `token_types` (None = causal; a prompt is all ones). Writes the
+    /// stream's cache and returns logits for the requested rows.
+    pub fn prefill(&mut self, stream: usize, tokens: &[u32], token_types: Option<&[i32]>, rows: Rows) -> Result<Vec<Vec<f32>>, EngineError> {
+        if stream >= self.kv.n_stream {
+            return Err(EngineError::BadStream(stream));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_tokens(tokens)?;
+        let n = tokens.len();
+        if n > self.kv.n_ctx {
+            return Err(EngineError::ContextFull { needed: n, limit: self.kv.n_ctx });
+        }
+        if let Some(tt) = token_types {
+            if tt.len() != n {
+                return Err(EngineError::TypesLength { got: tt.len(), expected: n });
+            }
+        }
+        let out: Vec<i32> = match rows {
+            Rows::Last => vec![n as i32 - 1],
+            Rows::All => (0..n as i32).collect(),
+        };
+        let step = ext::hrm_step { n_tokens: n as i32, n_stream: 1, n_kv: n as i32, n_out: out.len() as i32, first: 1 };
+        let built = self.build(step)?;
+        let pos: Vec<i32> = (0..n as i32).collect();
+        let base = (stream * self.kv.cells_per_stream()) as i64;
+        let kv_rows: Vec<i64> = (0..n as i64).map(|p| base + p).collect();
+        let mut mask = vec![0u16; n * n];
+        assert!(fill_mask(&mut mask, n, n, &pos, token_types), "mask arguments are consistent by construction");
+        let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let logits = self.run(true, &built, &toks, &pos, &kv_rows, &mask, &out);
+        self.sched_first.forget(built.gf);
+        let logits = logits?;
+        self.lens[stream] = Some(n);
+        Ok(logits)
+    }
+
+    /// One decode step: each `(stream, token)` appends `token` at its stream's next position.
+    /// Returns one row of logits per entry, in order. Streams not listed are untouched: the
+    /// graph's padding rows write only the scratch cell of their own stream.
+    pub fn decode(&mut self, batch: &[(usize, u32)]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let tokens: Vec<u32> = batch.iter().map(|b| b.1).collect();
+        self.check_tokens(&tokens)?;
+        let mut n_stream = 0;
+        let mut n_kv_needed = 0;
+        for &(s, _) in batch {
+            let len = self.stream_len(s).ok_or(EngineError::BadStream(s))?;
+            if len + 1 > self.kv.n_ctx {
+                return Err(EngineError::ContextFull { needed: len + 1, limit: self.kv.n_ctx });
+            }
+            n_stream = n_stream.max(s + 1);
+            n_kv_needed = n_kv_needed.max(len + 1);
+        }
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        let cells = self.kv.cells_per_stream();
+        let n_kv = n_kv_needed.div_ceil(KV_PAD) * KV_PAD;
+        let n_kv = n_kv.min(cells);
+        let step = ext::hrm_step { n_tokens: 1, n_stream: n_stream as i32, n_kv: n_kv as i32, n_out: n_stream as i32, first: 0 };
+        let reuse = self.decode_graph.as_ref().is_some_and(|b| steps_equal(&b.step, &step));
+        if !reuse {
+            if let Some(old) = self.decode_graph.take() {
+                self.sched_decode.forget(old.gf);
+            }
+            self.decode_graph = Some(self.build(step)?);
+        }
+
+        // Padding rows (streams in 0..n_stream not in the batch) write their stream's scratch
+        // cell and attend only to cell 0 of their own stream.
+        let mut toks = vec![0i32; n_stream];
+        let mut pos = vec![0i32; n_stream];
+        let mut rows: Vec<i64> = (0..n_stream).map(|s| (s * cells + self.kv.n_ctx) as i64).collect();
+        let mut mask = vec![0u16; n_stream * n_kv];
+        for s in 0..n_stream {
+            fill_mask(&mut mask[s * n_kv..(s + 1) * n_kv], n_kv, n_kv, &[0], None);
+        }
+        for &(s, t) in batch {
+            let p = self.lens[s].expect("checked above");
+            toks[s] = t as i32;
+            pos[s] = p as i32;
+            rows[s] = (s * cells + p) as i64;
+            // Decode rows see their whole sequence: cells 0..=p.
+            assert!(fill_mask(&mut mask[s * n_kv..(s + 1) * n_kv], p + 1, n_kv, &[p as i32], None));
+        }
+        let out: Vec<i32> = (0..n_stream as i32).collect();
+        let built = self.decode_graph.take().expect("built above");
+        let logits = self.run(false, &built, &toks, &pos, &rows, &mask, &out);
+        self.decode_graph = Some(built);
+        let mut logits = logits?;
+        for &(s, _) in batch {
+            *self.lens[s].as_mut().expect("checked") += 1;
+        }
+        Ok(batch.iter().map(|&(s, _)| std::mem::take(&mut logits[s])).collect())
+    }
+
+    /// Shortens a stream to `len` positions (regenerate from there); later cells are masked.
+    pub fn rewind(&mut self, stream: usize, len: usize) -> Result<(), EngineError> {
+        match self.lens.get_mut(stream) {
+            Some(Some(l)) if len <= *l => {
+                *l = len;
+                Ok(())
+            }
+            _ => Err(EngineError::BadStream(stream)),
+        }
+    }
+
+    /// Copies the first `len` cells of every slot from stream `src` into stream `dst`
+    /// (n > 1 choices share one prefill).
+    pub fn fork(&mut self, src: usize, dst: usize) -> Result<(), EngineError> {
+        let len = self.stream_len(src).ok_or(EngineError::BadStream(src))?;
+        if dst >= self.kv.n_stream || dst == src {
+            return Err(EngineError::BadStream(dst));
+        }
+        let cells = self.kv.cells_per_stream();
+        let mut buf = Vec::new();
+        for t in self.kv.tensors() {
+            // SAFETY: rows [src*cells, src*cells+len) and the same range of dst lie inside the
+            // tensor (len ≤ n_ctx < cells); nb[1] is the row stride of this 2-D tensor.
+            unsafe {
+                let row = (*t).nb[1];
+                buf.resize(row * len, 0);
+                compute::tensor_get(t, &mut buf, row * src * cells);
+                compute::tensor_set(t, &buf, row * dst * cells);
+            }
+        }
+        self.lens[dst] = Some(len);
+        Ok(())
+    }
+}
+
+fn steps_equal(a: &ext::hrm_step, b: &ext::hrm_step) -> bool {
+    (a.n_tokens, a.n_stream, a.n_kv, a.n_out, a.first) == (b.n_tokens, b.n_stream, b.n_kv, b.n_out, b.first)
+}
+
+fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: plain-old-data slices (i32, i64, u16, f32) viewed as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+fn bytes_of_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: f32 has no invalid bit patterns.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(b) = self.decode_graph.take() {
+            self.sched_decode.forget(b.gf);
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! The parity contract with the transformers reference: `frigg logits` runs fixed cases and
+//! `frigg parity` compares them with goldens produced by `scripts/make_fixtures.py`.
+
+use crate::engine::{Engine, EngineError, Rows};
+use serde::{Deserialize, Serialize};
+
+/// One input line of `frigg logits --cases`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Case {
+    pub id: String,
+    pub input_ids: Vec<u32>,
+    /// None = plain causal (the reference's omitted token_type_ids).
+    pub token_type_ids: Option<Vec<i32>>,
+    #[serde(default)]
+    pub max_new: usize,
+    /// "prefill" (default) or "verify": token_type_ids = prefix_len ones then zeros, and every
+    /// position's argmax is reported.
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub prefix_len: Option<usize>,
+}
+
+/// One output line of `frigg logits`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    pub id: String,
+    pub last_top20: Vec<(u32, f32)>,
+    pub last_argmax: u32,
+    pub greedy: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all_argmax: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_logits: Option<Vec<f32>>,
+}
+
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+pub fn top_k(v: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
+    idx.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
+    idx.into_iter().take(k).map(|i| (i, v[i as usize])).collect()
+}
+
+/// Runs one case on stream 0: the first forward with the case's mask, then `max_new` greedy
+/// tokens with the KV cache (no EOS stop), as the reference's manual greedy loop.
+pub fn run_case(engine: &mut Engine, case: &Case, keep_logits: bool) -> Result<CaseResult, EngineError> {
+    let verify = case.mode.as_deref() == Some("verify");
+    let types: Option<Vec<i32>> = match (verify, case.prefix_len, &case.token_type_ids) {
+        (true, Some(p), _) => Some((0..case.input_ids.len()).map(|i| (i < p) as i32).collect()),
+        (_, _, t) => t.clone(),
+    };
+    let rows = if verify { Rows::All } else { Rows::Last };
+    let logits = engine.prefill(0, &case.input_ids, types.as_deref(), rows)?;
+    let last = logits.last().expect("at least one row").clone();
+    let all_argmax = verify.then(|| logits.iter().map(|r| argmax(r)).collect());
+    let mut greedy = vec![];
+    if !verify && case.max_new > 0 {
+        let mut next = argmax(&last);
+        greedy.push(next);
+        while greedy.len() < case.max_new {
+            let l = engine.decode(&[(0, next)])?;
+            next = argmax(&l[0]);
+            greedy.push(next);
+        }
+    }
+    engine.release(0);
+    Ok(CaseResult {
+        id: case.id.clone(),
+        last_top20: top_k(&last, 20),
+        last_argmax: argmax(&last),
+        greedy,
+        all_argmax,
+        last_logits: keep_logits.then_some(last),
+    })
+}
+
+/// A golden line (the fields `frigg parity` compares).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Golden {
+    pub id: String,
+    pub last_logits: Vec<f32>,
+    pub last_argmax: u32,
+    pub last_margin: f32,
+    #[serde(default)]
+    pub greedy: Vec<u32>,
+    #[serde(default)]
+    pub greedy_margins: Vec<f32>,
+    #[serde(default)]
+    pub all_argmax: Option<Vec<u32>>,
+    #[serde(default)]
+    pub all_margins: Option<Vec<f32>>,
+}
+
+/// How one case compares with its golden.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub id: String,
+    pub max_abs_diff: f32,
+    /// None when the reference's top-2 gap is below epsilon (a tie: not judged).
+    pub argmax_equal: Option<bool>,
+    /// Greedy tokens compared (up to the first near-tie step of the reference), and how many matched
+    /// before the first difference.
+    pub greedy_compared: usize,
+    pub greedy_matched: usize,
+    /// Verify rows judged (reference margin above epsilon) and how many argmaxes agreed.
+    pub verify_judged: usize,
+    pub verify_agreed: usize,
+}
+
+impl Comparison {
+    pub fn greedy_ok(&self) -> bool {
+        self.greedy_matched == self.greedy_compared
+    }
+}
+
+/// Compares a result with its golden; `eps` is the reference margin below which a choice is a tie.
+pub fn compare(r: &CaseResult, g: &Golden, eps: f32) -> Comparison {
+    let last = r.last_logits.as_ref().expect("compare needs last_logits");
+    let max_abs_diff = last.iter().zip(&g.last_logits).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let argmax_equal = (g.last_margin > eps).then_some(r.last_argmax == g.last_argmax);
+    // Greedy: judged up to (excluding) the first reference step that is a near tie.
+    let judged = g.greedy_margins.iter().position(|&m| m <= eps).unwrap_or(g.greedy.len()).min(r.greedy.len());
+    let matched = r.greedy.iter().zip(&g.greedy).take(judged).take_while(|(a, b)| a == b).count();
+    let (mut verify_judged, mut verify_agreed) = (0, 0);
+    if let (Some(ours), Some(theirs), Some(margins)) = (&r.all_argmax, &g.all_argmax, &g.all_margins) {
+        for ((a, b), m) in ours.iter().zip(theirs).zip(margins) {
+            if *m > eps {
+                verify_judged += 1;
+                verify_agreed += (a == b) as usize;
+            }
+        }
+    }
+    Comparison { id: r.id.clone(), max_abs_diff, argmax_equal, greedy_compared: judged, greedy_matched: matched, verify_judged, verify_agreed }
+}
