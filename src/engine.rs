@@ -260,6 +260,12 @@ impl Engine {
     /// One decode step: each `(stream, token)` appends `token` at its stream's next position.
     /// Returns one row of logits per entry, in order. Streams not listed are untouched: the
     /// graph's padding rows write only the scratch cell of their own stream.
+    ///
+    /// Batch invariance: every decode graph has at least two token rows and two logit rows, so
+    /// ggml runs the same matmul (tinyBLAS) and attention (per-row) kernels for one sequence as
+    /// for eight; with one row it would switch to vec_dot and split-KV attention and round
+    /// differently. One sequence therefore decodes as one stream of two rows (the second a
+    /// padding row), several as one row per stream.
     pub fn decode(&mut self, batch: &[(usize, u32)]) -> Result<Vec<Vec<f32>>, EngineError> {
         let tokens: Vec<u32> = batch.iter().map(|b| b.1).collect();
         self.check_tokens(&tokens)?;
@@ -276,10 +282,17 @@ impl Engine {
         if batch.is_empty() {
             return Ok(vec![]);
         }
+        let per_stream = if n_stream == 1 { 2 } else { 1 };
+        let n_rows = n_stream * per_stream;
         let cells = self.kv.cells_per_stream();
-        let n_kv = n_kv_needed.div_ceil(KV_PAD) * KV_PAD;
-        let n_kv = n_kv.min(cells);
-        let step = ext::hrm_step { n_tokens: 1, n_stream: n_stream as i32, n_kv: n_kv as i32, n_out: n_stream as i32, first: 0 };
+        let n_kv = (n_kv_needed.div_ceil(KV_PAD) * KV_PAD).min(cells);
+        let step = ext::hrm_step {
+            n_tokens: per_stream as i32,
+            n_stream: n_stream as i32,
+            n_kv: n_kv as i32,
+            n_out: n_rows as i32,
+            first: 0,
+        };
         let reuse = self.decode_graph.as_ref().is_some_and(|b| steps_equal(&b.step, &step));
         if !reuse {
             if let Some(old) = self.decode_graph.take() {
@@ -288,24 +301,25 @@ impl Engine {
             self.decode_graph = Some(self.build(step)?);
         }
 
-        // Padding rows (streams in 0..n_stream not in the batch) write their stream's scratch
-        // cell and attend only to cell 0 of their own stream.
-        let mut toks = vec![0i32; n_stream];
-        let mut pos = vec![0i32; n_stream];
-        let mut rows: Vec<i64> = (0..n_stream).map(|s| (s * cells + self.kv.n_ctx) as i64).collect();
-        let mut mask = vec![0u16; n_stream * n_kv];
-        for s in 0..n_stream {
-            fill_mask(&mut mask[s * n_kv..(s + 1) * n_kv], n_kv, n_kv, &[0], None);
+        // Row r belongs to stream r / per_stream. Padding rows write their stream's scratch
+        // cell (n_ctx) at position 0 and attend to cell 0 only; their logits are dropped.
+        let mut toks = vec![0i32; n_rows];
+        let mut pos = vec![0i32; n_rows];
+        let mut rows: Vec<i64> = (0..n_rows).map(|r| ((r / per_stream) * cells + self.kv.n_ctx) as i64).collect();
+        let mut mask = vec![0u16; n_rows * n_kv];
+        for r in 0..n_rows {
+            fill_mask(&mut mask[r * n_kv..(r + 1) * n_kv], n_kv, n_kv, &[0], None);
         }
         for &(s, t) in batch {
             let p = self.lens[s].expect("checked above");
-            toks[s] = t as i32;
-            pos[s] = p as i32;
-            rows[s] = (s * cells + p) as i64;
+            let r = s * per_stream;
+            toks[r] = t as i32;
+            pos[r] = p as i32;
+            rows[r] = (s * cells + p) as i64;
             // Decode rows see their whole sequence: cells 0..=p.
-            assert!(fill_mask(&mut mask[s * n_kv..(s + 1) * n_kv], p + 1, n_kv, &[p as i32], None));
+            assert!(fill_mask(&mut mask[r * n_kv..(r + 1) * n_kv], p + 1, n_kv, &[p as i32], None));
         }
-        let out: Vec<i32> = (0..n_stream as i32).collect();
+        let out: Vec<i32> = (0..n_rows as i32).collect();
         let built = self.decode_graph.take().expect("built above");
         let logits = self.run(false, &built, &toks, &pos, &rows, &mask, &out);
         self.decode_graph = Some(built);
@@ -313,7 +327,7 @@ impl Engine {
         for &(s, _) in batch {
             *self.lens[s].as_mut().expect("checked") += 1;
         }
-        Ok(batch.iter().map(|&(s, _)| std::mem::take(&mut logits[s])).collect())
+        Ok(batch.iter().map(|&(s, _)| std::mem::take(&mut logits[s * per_stream])).collect())
     }
 
     /// Shortens a stream to `len` positions (regenerate from there); later cells are masked.

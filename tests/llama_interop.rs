@@ -40,8 +40,8 @@ impl Llama {
             cp.n_ctx = 256;
             cp.n_batch = 256;
             cp.n_ubatch = 256;
-            cp.n_threads = 2;
-            cp.n_threads_batch = 2;
+            cp.n_threads = 1;
+            cp.n_threads_batch = 1;
             let ctx = sys::llama_init_from_model(model, cp);
             assert!(!ctx.is_null(), "llama.cpp failed to create a context");
             if !causal {

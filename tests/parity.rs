@@ -27,7 +27,7 @@ fn f32_tier_matches_transformers_on_every_fixture() {
         let dir = tempfile::tempdir().unwrap();
         let gguf = dir.path().join("f32.gguf");
         convert_to(&ckpt(fixture), &gguf, OutType::F32);
-        let opts = EngineOptions { threads: 2, n_ctx: 256, n_stream: 1, kv_type: KvType::F32, ..Default::default() };
+        let opts = EngineOptions { threads: 1, n_ctx: 256, n_stream: 1, kv_type: KvType::F32, ..Default::default() };
         let mut engine = Engine::load(&gguf, &opts).unwrap();
         let mut worst = 0f32;
         for (case, golden) in load_cases(fixture) {

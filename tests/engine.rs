@@ -1,0 +1,130 @@
+//! Engine behaviour beyond the reference numbers: batching, rewind, fork, bad input.
+
+mod common;
+
+use common::*;
+use frigg::convert::OutType;
+use frigg::engine::{Engine, EngineError, EngineOptions, Rows};
+use frigg::model::KvType;
+use frigg::parity::argmax;
+
+fn prompts() -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["mode"] == "prefill")
+        .map(|v| v["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
+        .collect()
+}
+
+fn engine(ty: OutType, kv: KvType, n_stream: usize) -> (tempfile::TempDir, Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, ty);
+    let e = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 256, n_stream, kv_type: kv, ..Default::default() }).unwrap();
+    (dir, e)
+}
+
+/// Greedy continuation of `prompt` alone in stream 0: tokens and the bits of every row of logits.
+fn alone(e: &mut Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<u32>>) {
+    let ones = vec![1; prompt.len()];
+    let first = e.prefill(0, prompt, Some(&ones), Rows::Last).unwrap();
+    let mut toks = vec![argmax(&first[0])];
+    let mut bits = vec![];
+    for _ in 0..steps {
+        let l = e.decode(&[(0, *toks.last().unwrap())]).unwrap();
+        bits.push(l[0].iter().map(|x| x.to_bits()).collect());
+        toks.push(argmax(&l[0]));
+    }
+    e.release(0);
+    (toks, bits)
+}
+
+#[test]
+fn batched_decode_equals_single_stream_bit_for_bit() {
+    for (ty, kv) in [(OutType::F32, KvType::F32), (OutType::Q8_0, KvType::F16)] {
+        let (_d, mut e) = engine(ty, kv, 8);
+        let prompts: Vec<Vec<u32>> = prompts().into_iter().take(8).collect();
+        let steps = 10;
+        let singles: Vec<_> = prompts.iter().map(|p| alone(&mut e, p, steps)).collect();
+        for n in [2, 4, 8] {
+            let mut next = vec![];
+            for (s, p) in prompts.iter().take(n).enumerate() {
+                let ones = vec![1; p.len()];
+                next.push(argmax(&e.prefill(s, p, Some(&ones), Rows::Last).unwrap()[0]));
+            }
+            for step in 0..steps {
+                let batch: Vec<(usize, u32)> = next.iter().copied().enumerate().collect();
+                let rows = e.decode(&batch).unwrap();
+                for (s, row) in rows.iter().enumerate() {
+                    let bits: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
+                    assert!(bits == singles[s].1[step], "{ty:?}/{kv:?}: stream {s} of {n}, step {step}: logits differ from single-stream");
+                    next[s] = argmax(row);
+                    assert_eq!(next[s], singles[s].0[step + 1]);
+                }
+            }
+            for s in 0..n {
+                e.release(s);
+            }
+        }
+    }
+}
+
+#[test]
+fn rewind_then_replay_equals_a_fresh_run_and_fork_copies_the_prefix() {
+    let (_d, mut e) = engine(OutType::F32, KvType::F16, 3);
+    let p = &prompts()[0];
+    let (fresh, bits) = alone(&mut e, p, 6);
+    // Run, rewind to just after the prompt, replay: same tokens and logits.
+    let ones = vec![1; p.len()];
+    e.prefill(0, p, Some(&ones), Rows::Last).unwrap();
+    for t in &fresh[..4] {
+        e.decode(&[(0, *t)]).unwrap();
+    }
+    e.rewind(0, p.len()).unwrap();
+    for (i, t) in fresh[..6].iter().enumerate() {
+        let l = e.decode(&[(0, *t)]).unwrap();
+        assert_eq!(l[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[i], "replay step {i}");
+    }
+    // Fork stream 0's prompt into stream 2 and continue both: identical rows.
+    e.rewind(0, p.len()).unwrap();
+    e.fork(0, 2).unwrap();
+    let rows = e.decode(&[(0, fresh[0]), (2, fresh[0])]).unwrap();
+    assert_eq!(rows[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[0]);
+    assert_eq!(rows[1].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[0]);
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let (_d, mut e) = engine(OutType::Q8_0, KvType::F16, 1);
+    assert!(matches!(e.prefill(0, &[], None, Rows::Last), Err(EngineError::EmptyPrompt)));
+    assert!(matches!(e.prefill(0, &[5, 1280], None, Rows::Last), Err(EngineError::BadToken { id: 1280, .. })));
+    let long: Vec<u32> = vec![7; 257];
+    match e.prefill(0, &long, None, Rows::Last) {
+        Err(EngineError::ContextFull { needed: 257, limit: 256 }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(e.prefill(0, &[5, 6], Some(&[1]), Rows::Last), Err(EngineError::TypesLength { .. })));
+    assert!(matches!(e.decode(&[(0, 5)]), Err(EngineError::BadStream(0))));
+    assert!(matches!(e.prefill(3, &[5], None, Rows::Last), Err(EngineError::BadStream(3))));
+    // The context wall holds in decode too.
+    let full: Vec<u32> = vec![7; 256];
+    e.prefill(0, &full, None, Rows::Last).unwrap();
+    assert!(matches!(e.decode(&[(0, 5)]), Err(EngineError::ContextFull { needed: 257, limit: 256 })));
+}
+
+#[test]
+fn loading_a_bad_gguf_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    let bytes = std::fs::read(&gguf).unwrap();
+    let truncated = dir.path().join("t.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let err = Engine::load(&truncated, &EngineOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("truncated") || err.contains("not a readable GGUF"), "{err}");
+    let garbage = dir.path().join("g.gguf");
+    std::fs::write(&garbage, b"definitely not gguf").unwrap();
+    let err = Engine::load(&garbage, &EngineOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("not a readable GGUF"), "{err}");
+}
