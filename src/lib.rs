@@ -8,6 +8,9 @@ pub mod ggml;
 pub mod inspect;
 pub mod model;
 pub mod parity;
+pub mod sampler;
+pub mod tokenizer;
+pub mod chat;
 
 /// frigg's version, ggml's version and the compute backends compiled in.
 pub fn long_version() -> String {

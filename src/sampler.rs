@@ -1,0 +1,270 @@
+//! Per-sequence sampling. Every parameter here is applied, or the request is refused upstream:
+//! seed 000's Finding 10 was a server that accepted parameters and ignored them.
+//!
+//! Order: logit_bias → penalties (over the response tokens) → greedy if temperature is 0 →
+//! softmax(logits / T) → top-k → exact top-p (a full sort: Mimir's 262k vocabulary has a long
+//! tail, Finding 10's table) → min-p → renormalize → draw with a seeded ChaCha8 stream.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+/// Sampling parameters of one sequence (OpenAI names; 0/1 values mean "off").
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    pub seed: Option<u64>,
+    /// CTRL rule over response tokens: positive logits divided, negative multiplied. 1 = off.
+    pub repetition_penalty: f32,
+    /// Subtracted once per occurrence in the response. 0 = off.
+    pub frequency_penalty: f32,
+    /// Subtracted once if present in the response. 0 = off.
+    pub presence_penalty: f32,
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: vec![],
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks ranges; the message names the parameter.
+    pub fn validate(&self, n_vocab: usize) -> Result<(), String> {
+        if !(self.temperature >= 0.0 && self.temperature <= 100.0) {
+            return Err(format!("temperature must be in [0, 100], got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return Err(format!("repetition_penalty must be positive, got {}", self.repetition_penalty));
+        }
+        for (name, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(format!("{name} must be in [-2, 2], got {v}"));
+            }
+        }
+        for &(id, b) in &self.logit_bias {
+            if id as usize >= n_vocab {
+                return Err(format!("logit_bias token {id} is outside the vocabulary ({n_vocab})"));
+            }
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(format!("logit_bias values must be in [-100, 100], got {b}"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// A sampler with its own random stream and the response-token counts penalties need.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: ChaCha8Rng,
+    counts: HashMap<u32, u32>,
+}
+
+/// A token chosen, with its log-probability under the final (post-penalty, tempered)
+/// distribution the draw used — what OpenAI's `logprobs` reports.
+#[derive(Debug, Clone, Copy)]
+pub struct Choice {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let seed = params.seed.unwrap_or_else(|| rand::rng().random());
+        Sampler { params, rng: ChaCha8Rng::seed_from_u64(seed), counts: HashMap::new() }
+    }
+
+    /// Records a response token (penalties count only the response, never the prompt).
+    pub fn accept(&mut self, token: u32) {
+        *self.counts.entry(token).or_default() += 1;
+    }
+
+    /// Applies bias and penalties in place.
+    pub fn adjust(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        for &(id, b) in &p.logit_bias {
+            logits[id as usize] += b;
+        }
+        for (&id, &n) in &self.counts {
+            let l = &mut logits[id as usize];
+            if p.repetition_penalty != 1.0 {
+                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+            }
+            *l -= p.frequency_penalty * n as f32 + if n > 0 { p.presence_penalty } else { 0.0 };
+        }
+    }
+
+    /// Chooses the next token from raw logits (modified in place by bias and penalties).
+    pub fn sample(&mut self, logits: &mut [f32]) -> Choice {
+        self.adjust(logits);
+        if self.params.is_greedy() {
+            let token = crate::parity::argmax(logits);
+            return Choice { token, logprob: log_softmax_at(logits, token as usize, 1.0) };
+        }
+        let probs = self.distribution(logits);
+        let r: f32 = self.rng.random::<f32>();
+        let mut acc = 0.0f32;
+        let mut last = probs[0];
+        for &(id, p) in &probs {
+            acc += p;
+            last = (id, p);
+            if r < acc {
+                return Choice { token: id, logprob: p.ln() };
+            }
+        }
+        Choice { token: last.0, logprob: last.1.ln() }
+    }
+
+    /// The filtered, renormalized distribution (id, probability), most likely first.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f32)> {
+        let p = &self.params;
+        let t = p.temperature.max(1e-6);
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut probs: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l - max) / t).exp())).collect();
+        probs.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let sum: f32 = probs.iter().map(|x| x.1).sum();
+        for x in probs.iter_mut() {
+            x.1 /= sum;
+        }
+        if p.top_k > 0 && p.top_k < probs.len() {
+            probs.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut keep = probs.len();
+            for (i, x) in probs.iter().enumerate() {
+                acc += x.1;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0].1 * p.min_p;
+            probs.retain(|x| x.1 >= floor);
+        }
+        let sum: f32 = probs.iter().map(|x| x.1).sum();
+        for x in probs.iter_mut() {
+            x.1 /= sum;
+        }
+        probs
+    }
+}
+
+/// log softmax(logits / t) at `i`.
+pub fn log_softmax_at(logits: &[f32], i: usize, t: f32) -> f32 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let lse: f64 = logits.iter().map(|&x| (((x - max) / t) as f64).exp()).sum::<f64>().ln();
+    ((logits[i] - max) / t) - lse as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn softmax(logits: &[f32], t: f32) -> Vec<f64> {
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let e: Vec<f64> = logits.iter().map(|&x| (((x - max) / t) as f64).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.iter().map(|x| x / s).collect()
+    }
+
+    /// Empirical frequencies over 4,000 draws match softmax(logits / T) within 0.03 (the bound
+    /// seed 000 used; 4,000 draws give a standard error ≤ 0.008 per token, so 0.03 is > 3.5σ).
+    #[test]
+    fn sampling_matches_the_tempered_softmax() {
+        let logits = [2.0f32, 1.5, 1.0, 0.3, -0.5, -1.0, 0.0, 0.8];
+        for t in [0.7f32, 1.0, 2.0] {
+            let mut s = Sampler::new(SamplingParams { temperature: t, seed: Some(7), ..Default::default() });
+            let n = 4000;
+            let mut counts = vec![0usize; logits.len()];
+            for _ in 0..n {
+                let mut l = logits;
+                counts[s.sample(&mut l).token as usize] += 1;
+            }
+            let want = softmax(&logits, t);
+            for (i, (&c, w)) in counts.iter().zip(&want).enumerate() {
+                let f = c as f64 / n as f64;
+                assert!((f - w).abs() <= 0.03, "T={t} token {i}: empirical {f:.3} vs softmax {w:.3}");
+            }
+        }
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: Some(seed), ..Default::default() });
+            (0..20).map(|_| s.sample(&mut logits.clone()).token).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(1), draw(1));
+        assert_ne!(draw(1), draw(2));
+    }
+
+    #[test]
+    fn top_k_top_p_and_min_p_cut_the_distribution() {
+        let logits = [3.0f32, 2.0, 1.0, 0.0, -1.0];
+        let d = |p: SamplingParams| Sampler::new(p).distribution(&logits).iter().map(|x| x.0).collect::<Vec<_>>();
+        assert_eq!(d(SamplingParams { temperature: 1.0, top_k: 2, ..Default::default() }), vec![0, 1]);
+        // softmax: 0.636, 0.234, 0.086, ... → top_p 0.8 keeps the first two (0.870 ≥ 0.8)
+        assert_eq!(d(SamplingParams { temperature: 1.0, top_p: 0.8, ..Default::default() }), vec![0, 1]);
+        // min_p 0.3: floor 0.19 keeps 0.636 and 0.234
+        assert_eq!(d(SamplingParams { temperature: 1.0, min_p: 0.3, ..Default::default() }), vec![0, 1]);
+    }
+
+    /// The CTRL rule on values where dividing and multiplying disagree: a negative logit must
+    /// become more negative, not less.
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative() {
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..Default::default() });
+        s.accept(0);
+        s.accept(1);
+        let mut l = [4.0f32, -4.0, 1.0];
+        s.adjust(&mut l);
+        assert_eq!(l, [2.0, -8.0, 1.0]);
+    }
+
+    #[test]
+    fn frequency_presence_and_bias() {
+        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.5, presence_penalty: 0.25, logit_bias: vec![(2, 10.0)], ..Default::default() });
+        s.accept(0);
+        s.accept(0);
+        let mut l = [1.0f32, 1.0, 1.0];
+        s.adjust(&mut l);
+        assert_eq!(l, [1.0 - 1.0 - 0.25, 1.0, 11.0]);
+        let mut l = [1.0f32, 1.0, 1.0];
+        assert_eq!(s.sample(&mut l).token, 2);
+    }
+}

@@ -1,0 +1,251 @@
+//! Tokenization with Hugging Face `tokenizers`, from the GGUF's embedded
+//! `tokenizer.huggingface.json` (or a checkpoint's tokenizer.json), exactly as transformers
+//! 5.23 tokenizes `hrm_text` and as Mimir's training data was tokenized: the raw tokenizer.json.
+//! `fix_mistral_regex` (seed 000 Finding 6) is an explicit opt-in; DESIGN.md §2 says why.
+
+use crate::arch::key;
+use crate::ggml::gguf::{GgufFile, Value};
+use serde_json::Value as Json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("the model file carries no {} (convert it with frigg)", key::TOK_HF_JSON)]
+    Missing,
+    #[error("cannot load the tokenizer: {0}")]
+    Load(String),
+    #[error("tokenizer probe failed: {0}")]
+    Probe(String),
+    #[error("tokenizing failed: {0}")]
+    Encode(String),
+}
+
+/// transformers' corrected pre-tokenizer regex for `fix_mistral_regex`
+/// (tokenization_utils_tokenizers.py in 5.23), applied as an isolated Split in front of the
+/// file's own pre-tokenizer.
+const MISTRAL_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// A loaded, probed tokenizer plus the special ids frigg needs.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    pub bos: Option<u32>,
+    /// Every id that ends generation.
+    pub eos: Vec<u32>,
+    pub add_bos: bool,
+    pub mistral_regex: bool,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer").field("bos", &self.bos).field("eos", &self.eos).field("mistral_regex", &self.mistral_regex).finish()
+    }
+}
+
+fn u32_of(v: Option<Value>) -> Option<u32> {
+    match v {
+        Some(Value::U64(x)) => u32::try_from(x).ok(),
+        Some(Value::I64(x)) => u32::try_from(x).ok(),
+        _ => None,
+    }
+}
+
+impl Tokenizer {
+    /// From a GGUF written by `frigg convert`.
+    pub fn from_gguf(g: &GgufFile, mistral_regex: bool) -> Result<Tokenizer, TokenizerError> {
+        let json = match g.get(key::TOK_HF_JSON).map_err(|e| TokenizerError::Load(e.to_string()))? {
+            Some(Value::Str(s)) => s,
+            _ => return Err(TokenizerError::Missing),
+        };
+        let bos = u32_of(g.get(key::TOK_BOS).ok().flatten());
+        let mut eos: Vec<u32> = match g.get(key::TOK_EOS_IDS).ok().flatten() {
+            Some(Value::Array(a)) => a.into_iter().filter_map(|v| u32_of(Some(v))).collect(),
+            _ => vec![],
+        };
+        if let Some(e) = u32_of(g.get(key::TOK_EOS).ok().flatten()) {
+            if !eos.contains(&e) {
+                eos.push(e);
+            }
+        }
+        let add_bos = matches!(g.get(key::TOK_ADD_BOS).ok().flatten(), Some(Value::Bool(true)));
+        Self::from_json(&json, bos, eos, add_bos, mistral_regex)
+    }
+
+    pub fn from_json(json: &str, bos: Option<u32>, eos: Vec<u32>, add_bos: bool, mistral_regex: bool) -> Result<Tokenizer, TokenizerError> {
+        let text = if mistral_regex { patch_mistral_regex(json)? } else { json.to_string() };
+        let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes()).map_err(|e| TokenizerError::Load(e.to_string()))?;
+        let t = Tokenizer { inner, bos, eos, add_bos, mistral_regex };
+        t.probe()?;
+        Ok(t)
+    }
+
+    /// Known-answer checks, so a wrong loader fails at start rather than producing fluent
+    /// nonsense: special tokens encode to themselves, text round-trips, and on Gemma-4's
+    /// vocabulary a chat prompt gets the ids transformers gives it.
+    fn probe(&self) -> Result<(), TokenizerError> {
+        for &id in self.eos.iter().chain(self.bos.iter()) {
+            let piece = self.inner.id_to_token(id).ok_or_else(|| TokenizerError::Probe(format!("special id {id} has no token")))?;
+            let ids = self.encode(&piece)?;
+            if ids != [id] {
+                return Err(TokenizerError::Probe(format!("special token {piece:?} encodes to {ids:?}, expected [{id}]")));
+            }
+        }
+        for text in ["Hvad er hovedstaden i Danmark? København.", "Æblet på øen koster 125,50 kr.\n\nOK!"] {
+            let ids = self.encode(text)?;
+            let back = self.decode(&ids, false)?;
+            if back != text {
+                return Err(TokenizerError::Probe(format!("{text:?} decodes back as {back:?}")));
+            }
+        }
+        let is_gemma4 = self.inner.get_vocab_size(true) >= 262_144 && self.inner.id_to_token(105).as_deref() == Some("<|turn>");
+        if is_gemma4 {
+            // transformers 5.23 AutoTokenizer on Gemma-4's tokenizer.json (see tests/fixtures/README.md).
+            let want = [2u32, 105, 2364, 107, 10979, 993, 106, 107, 105, 4368, 107];
+            let got = self.encode("<bos><|turn>user\nHi there<turn|>\n<|turn>model\n")?;
+            if got != want {
+                return Err(TokenizerError::Probe(format!("Gemma-4 chat probe encodes to {got:?}, expected {want:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes `text` without adding specials (chat templates emit `<bos>` themselves);
+    /// special-token text in `text` becomes the special token, as in transformers.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self.inner.encode_fast(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Encodes raw text as a plain completion prompt: `<bos>` first when the tokenizer adds it.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::new();
+        if self.add_bos {
+            if let Some(b) = self.bos {
+                ids.push(b);
+            }
+        }
+        ids.extend(self.encode(text)?);
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        self.inner.decode(ids, skip_special).map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+}
+
+/// Puts transformers' corrected Split in front of the file's pre-tokenizer (what 5.23 does when
+/// the patch applies: replace element 0 of a Sequence, else wrap in a new Sequence).
+fn patch_mistral_regex(json: &str) -> Result<String, TokenizerError> {
+    let mut v: Json = serde_json::from_str(json).map_err(|e| TokenizerError::Load(e.to_string()))?;
+    let split = serde_json::json!({"type": "Split", "pattern": {"Regex": MISTRAL_REGEX}, "behavior": "Isolated", "invert": false});
+    let pre = v.get("pre_tokenizer").cloned().unwrap_or(Json::Null);
+    let patched = match pre {
+        Json::Object(ref o) if o.get("type").and_then(Json::as_str) == Some("Sequence") => {
+            let mut o = o.clone();
+            if let Some(Json::Array(list)) = o.get_mut("pretokenizers") {
+                if list.is_empty() {
+                    list.push(split);
+                } else {
+                    list[0] = split;
+                }
+            }
+            Json::Object(o)
+        }
+        Json::Null => serde_json::json!({"type": "Sequence", "pretokenizers": [split]}),
+        other => serde_json::json!({"type": "Sequence", "pretokenizers": [split, other]}),
+    };
+    v["pre_tokenizer"] = patched;
+    serde_json::to_string(&v).map_err(|e| TokenizerError::Load(e.to_string()))
+}
+
+/// Incremental detokenizer for streaming: emits text only once it is final — never half a UTF-8
+/// character (byte-fallback tokens), never a piece that could still become a stop string.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    /// Text of all ids decoded so far (complete characters only).
+    text: String,
+    /// Bytes of `text` already handed out.
+    emitted: usize,
+}
+
+impl StreamDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a token; returns the full text decoded so far (complete characters only).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<&str, TokenizerError> {
+        self.ids.push(id);
+        let full = tok.decode(&self.ids, true)?;
+        // An incomplete byte-fallback sequence decodes to U+FFFD at the end: wait for the rest.
+        let complete = full.trim_end_matches('\u{FFFD}');
+        if complete.len() >= self.text.len() || !complete.starts_with(&self.text) {
+            self.text = complete.to_string();
+        }
+        Ok(&self.text)
+    }
+
+    /// The next piece safe to emit, holding back any suffix that is a prefix of a stop string.
+    /// Returns (piece, Some(stop_index)) when a stop string appeared: the piece ends before it.
+    pub fn next_piece(&mut self, stops: &[String]) -> (String, Option<usize>) {
+        let text = &self.text;
+        // Earliest complete stop string in the unemitted region (or straddling its start).
+        let search_from = self.emitted.saturating_sub(stops.iter().map(|s| s.len()).max().unwrap_or(0));
+        let mut hit: Option<(usize, usize)> = None;
+        for (i, s) in stops.iter().enumerate() {
+            if s.is_empty() {
+                continue;
+            }
+            if let Some(at) = text[floor_char(text, search_from)..].find(s.as_str()) {
+                let at = at + floor_char(text, search_from);
+                if hit.is_none_or(|(h, _)| at < h) {
+                    hit = Some((at, i));
+                }
+            }
+        }
+        if let Some((at, i)) = hit {
+            let piece = if at > self.emitted { text[self.emitted..at].to_string() } else { String::new() };
+            self.emitted = self.emitted.max(at);
+            return (piece, Some(i));
+        }
+        // Hold back the longest suffix that is a proper prefix of some stop string.
+        let mut safe_end = text.len();
+        for s in stops {
+            for k in (1..s.len()).rev() {
+                if s.is_char_boundary(k) && text.ends_with(&s[..k]) {
+                    safe_end = safe_end.min(text.len() - k);
+                    break;
+                }
+            }
+        }
+        let safe_end = safe_end.max(self.emitted);
+        let piece = text[self.emitted..safe_end].to_string();
+        self.emitted = safe_end;
+        (piece, None)
+    }
+
+    /// Everything not yet emitted (at the end of generation without a stop string).
+    pub fn flush(&mut self) -> String {
+        let piece = self.text[self.emitted..].to_string();
+        self.emitted = self.text.len();
+        piece
+    }
+}
+
+fn floor_char(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
