@@ -102,6 +102,7 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine, EngineError> {
+        crate::ggml::route_logs();
         let cpu = Backend::cpu(opts.threads)?;
         let mut backends = vec![];
         if opts.gpu {

@@ -4,6 +4,7 @@ pub mod arch;
 #[path = "../convert/mod.rs"]
 pub mod convert;
 pub mod engine;
+pub mod generate;
 pub mod ggml;
 pub mod inspect;
 pub mod model;

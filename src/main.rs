@@ -1,8 +1,85 @@
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use frigg::convert::{self, ConvertOptions, OutType};
-use std::io::IsTerminal;
-use std::path::PathBuf;
+use frigg::engine::{Engine, EngineOptions};
+use frigg::model::KvType;
+use frigg::sampler::SamplingParams;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+/// Where and how a model runs.
+#[derive(Debug, Clone, Args)]
+struct RunnerArgs {
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Context length per sequence (default and maximum: the model's).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// KV-cache element type.
+    #[arg(long, value_enum, default_value = "f16")]
+    kv_type: KvType,
+    /// cpu, or gpu (builds with --features cuda/vulkan/metal).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Apply transformers' fix_mistral_regex pre-tokenizer patch (off: the reference and
+    /// Mimir's training data use the raw tokenizer.json; see docs).
+    #[arg(long)]
+    tokenizer_mistral_regex: bool,
+}
+
+impl RunnerArgs {
+    fn engine_options(&self, n_stream: usize) -> Result<EngineOptions, String> {
+        let gpu = match self.device.as_str() {
+            "cpu" => false,
+            "gpu" | "cuda" => true,
+            other => return Err(format!("--device {other}: expected cpu or gpu")),
+        };
+        let mut o = EngineOptions { n_ctx: self.ctx.unwrap_or(0), n_stream, kv_type: self.kv_type, gpu, ..Default::default() };
+        if let Some(t) = self.threads {
+            o.threads = t.max(1);
+        }
+        Ok(o)
+    }
+}
+
+/// Sampling flags (OpenAI names).
+#[derive(Debug, Clone, Args)]
+struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: vec![],
+        }
+    }
+}
 
 /// frigg: inference engine for HRM-Text (DFM-Mimir) on ggml.
 #[derive(Debug, Parser)]
@@ -35,6 +112,66 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Generate text: streams to stdout, prefill and decode speed to stderr.
+    Run {
+        model: PathBuf,
+        /// A user message (rendered with the chat template unless --raw).
+        #[arg(short, long, conflicts_with = "chat", required_unless_present = "chat")]
+        prompt: Option<String>,
+        /// A conversation: one JSON message per line ({"role": ..., "content": ...}).
+        #[arg(long)]
+        chat: Option<PathBuf>,
+        /// Encode the prompt as plain text (<bos> + text), no chat template.
+        #[arg(long, requires = "prompt")]
+        raw: bool,
+        #[arg(long, default_value_t = 256)]
+        max_tokens: usize,
+        /// Keep going past end-of-turn tokens.
+        #[arg(long)]
+        ignore_eos: bool,
+        /// Stop when this text appears (repeatable); it is not printed.
+        #[arg(long)]
+        stop: Vec<String>,
+        /// Read the prompt causally (token_type_ids 0) instead of as Mimir's bidirectional
+        /// PrefixLM prefix; exists to measure what ignoring the mask costs.
+        #[arg(long)]
+        causal_prompt: bool,
+        /// Print one JSON object with the text, tokens, finish reason and timings.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        runner: RunnerArgs,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+    },
+    /// The parity contract: run fixed cases and write last-row logits, argmaxes, greedy tokens.
+    Logits {
+        model: PathBuf,
+        /// JSONL: {"id", "input_ids", "token_type_ids" (or null), "max_new", optional "mode": "verify", "prefix_len"}.
+        #[arg(long)]
+        cases: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write each case's full last-row logits.
+        #[arg(long)]
+        full_logits: bool,
+        #[command(flatten)]
+        runner: RunnerArgs,
+    },
+    /// Compare every tier (f32, bf16, q8_0, q4_0) against the committed transformers goldens.
+    Parity {
+        /// Directory with ckpt/<fixture>/ and goldens/<fixture>.jsonl.
+        #[arg(long, default_value = "tests/fixtures")]
+        fixtures: PathBuf,
+        /// Reference margins below this are ties and are not judged.
+        #[arg(long, default_value_t = 1e-3)]
+        eps: f32,
+        /// Write the reports as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
     /// Show a GGUF's metadata, tensors and whether frigg can run it.
     Inspect {
         file: PathBuf,
@@ -45,6 +182,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FRIGG_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let version: &'static str = Box::leak(frigg::long_version().into_boxed_str());
     let matches = Cli::command().version(version).get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
@@ -88,6 +229,12 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Run { model, prompt, chat, raw, max_tokens, ignore_eos, stop, causal_prompt, json, runner, sampling } => {
+            let req = RunRequest { prompt, chat, raw, max_tokens, ignore_eos, stop, causal_prompt, json, sampling: sampling.params() };
+            exit(run(&model, &runner, req))
+        }
+        Command::Logits { model, cases, out, full_logits, runner } => exit(logits(&model, &cases, &out, full_logits, &runner)),
+        Command::Parity { fixtures, eps, json, threads } => exit(parity(&fixtures, eps, json.as_deref(), threads)),
         Command::Inspect { file, json } => match frigg::inspect::inspect(&file) {
             Ok(i) => {
                 if json {
@@ -103,4 +250,154 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+fn exit(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct RunRequest {
+    prompt: Option<String>,
+    chat: Option<PathBuf>,
+    raw: bool,
+    max_tokens: usize,
+    ignore_eos: bool,
+    stop: Vec<String>,
+    causal_prompt: bool,
+    json: bool,
+    sampling: SamplingParams,
+}
+
+fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
+    let g = frigg::ggml::gguf::GgufFile::open(model).map_err(|e| e.to_string())?;
+    let tok = frigg::tokenizer::Tokenizer::from_gguf(&g, runner.tokenizer_mistral_regex).map_err(|e| e.to_string())?;
+    let prompt_ids = if r.raw {
+        tok.encode_prompt(r.prompt.as_deref().unwrap_or_default()).map_err(|e| e.to_string())?
+    } else {
+        let messages: Vec<serde_json::Value> = match (&r.prompt, &r.chat) {
+            (Some(p), _) => vec![serde_json::json!({"role": "user", "content": p})],
+            (None, Some(f)) => {
+                let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+                text.lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .enumerate()
+                    .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{} line {}: {e}", f.display(), i + 1)))
+                    .collect::<Result<_, _>>()?
+            }
+            (None, None) => return Err("give -p TEXT or --chat FILE".into()),
+        };
+        let source = g.get_str(frigg::arch::key::CHAT_TEMPLATE).map_err(|_| "the model has no chat template; use --raw".to_string())?;
+        let bos = tok.bos.and_then(|b| tok.token_text(b)).unwrap_or_default();
+        let eos = tok.eos.first().and_then(|&e| tok.token_text(e)).unwrap_or_default();
+        let tmpl = frigg::chat::ChatTemplate::new(&source, &bos, &eos).map_err(|e| e.to_string())?;
+        let text = tmpl.render(&messages, None, true).map_err(|e| e.to_string())?;
+        tok.encode(&text).map_err(|e| e.to_string())?
+    };
+    drop(g);
+    let mut engine = Engine::load(model, &runner.engine_options(1)?).map_err(|e| e.to_string())?;
+    eprintln!(
+        "frigg: {} · {} KV cache {:.1} MiB for {} positions · {} threads",
+        model.display(),
+        format!("{:?}", runner.kv_type).to_lowercase(),
+        engine.kv().bytes_per_stream() as f64 / (1 << 20) as f64,
+        engine.n_ctx(),
+        runner.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    );
+    let req = frigg::generate::Request {
+        token_types: r.causal_prompt.then(|| vec![0; prompt_ids.len()]),
+        prompt: prompt_ids,
+        max_tokens: r.max_tokens,
+        sampling: r.sampling,
+        stops: r.stop,
+        ignore_eos: r.ignore_eos,
+    };
+    let stream = !r.json;
+    let mut stdout = std::io::stdout();
+    let out = frigg::generate::generate(&mut engine, &tok, &req, |piece| {
+        if stream {
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    let prefill_tps = out.prompt_tokens as f64 / out.prefill.as_secs_f64();
+    // The first token comes from the prefill; decode steps produce the rest.
+    let decode_steps = out.tokens.len().saturating_sub(1);
+    let decode_tps = if decode_steps > 0 { decode_steps as f64 / out.decode.as_secs_f64() } else { 0.0 };
+    if r.json {
+        let j = serde_json::json!({
+            "text": out.text, "tokens": out.tokens, "finish_reason": out.finish,
+            "prompt_tokens": out.prompt_tokens, "completion_tokens": out.tokens.len(),
+            "prefill_s": out.prefill.as_secs_f64(), "decode_s": out.decode.as_secs_f64(),
+            "prefill_tok_s": prefill_tps, "decode_tok_s": decode_tps,
+        });
+        println!("{j}");
+    } else {
+        println!();
+    }
+    eprintln!(
+        "prefill {} tokens in {:.2} s ({:.1} tok/s) · decode {} tokens ({:.2} tok/s) · finish: {:?}",
+        out.prompt_tokens,
+        out.prefill.as_secs_f64(),
+        prefill_tps,
+        out.tokens.len(),
+        decode_tps,
+        out.finish
+    );
+    Ok(())
+}
+
+fn logits(model: &Path, cases: &Path, out: &Path, full: bool, runner: &RunnerArgs) -> Result<(), String> {
+    let text = std::fs::read_to_string(cases).map_err(|e| format!("{}: {e}", cases.display()))?;
+    let parsed: Vec<frigg::parity::Case> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{} line {}: {e}", cases.display(), i + 1)))
+        .collect::<Result<_, _>>()?;
+    let mut engine = Engine::load(model, &runner.engine_options(1)?).map_err(|e| e.to_string())?;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?);
+    for c in &parsed {
+        let r = frigg::parity::run_case(&mut engine, c, full).map_err(|e| format!("case {}: {e}", c.id))?;
+        writeln!(w, "{}", serde_json::to_string(&r).expect("serializable")).map_err(|e| e.to_string())?;
+    }
+    w.flush().map_err(|e| e.to_string())?;
+    eprintln!("wrote {} cases to {}", parsed.len(), out.display());
+    Ok(())
+}
+
+fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, threads: usize) -> Result<(), String> {
+    let mut reports = vec![];
+    println!("{:6} {:20} {:>6} {:>12} {:>12} {:>9} {:>13} {:>9} {:>10}", "tier", "fixture", "cases", "max|Δlogit|", "mean max|Δ|", "argmax", "greedy tokens", "seqs", "verify");
+    let mut names: Vec<String> = std::fs::read_dir(fixtures.join("goldens"))
+        .map_err(|e| format!("{}: {e}", fixtures.join("goldens").display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".jsonl")).map(str::to_string))
+        .collect();
+    names.sort();
+    for tier in frigg::parity::TIERS {
+        for name in &names {
+            let ckpt = fixtures.join("ckpt").join(name);
+            if !ckpt.is_dir() {
+                continue;
+            }
+            let r = frigg::parity::run_tier(&ckpt, &fixtures.join("goldens").join(format!("{name}.jsonl")), tier, eps, threads)?;
+            println!(
+                "{:6} {:20} {:>6} {:>12.2e} {:>12.2e} {:>4}/{:<4} {:>6}/{:<6} {:>4}/{:<4} {:>5}/{:<4}",
+                r.tier, r.fixture, r.cases, r.max_abs_diff, r.mean_max_abs_diff, r.argmax_agreed, r.argmax_judged,
+                r.greedy_matched, r.greedy_compared, r.sequences_identical, r.cases, r.verify_agreed, r.verify_judged
+            );
+            reports.push(r);
+        }
+    }
+    if let Some(p) = json {
+        std::fs::write(p, serde_json::to_string_pretty(&reports).expect("serializable")).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(())
 }

@@ -141,3 +141,94 @@ pub fn compare(r: &CaseResult, g: &Golden, eps: f32) -> Comparison {
     }
     Comparison { id: r.id.clone(), max_abs_diff, argmax_equal, greedy_compared: judged, greedy_matched: matched, verify_judged, verify_agreed }
 }
+
+/// One tier of `frigg parity`: a weight type and a KV type.
+#[derive(Debug, Clone, Copy)]
+pub struct Tier {
+    pub name: &'static str,
+    pub weights: crate::convert::OutType,
+    pub kv: crate::model::KvType,
+}
+
+pub const TIERS: [Tier; 4] = [
+    Tier { name: "f32", weights: crate::convert::OutType::F32, kv: crate::model::KvType::F32 },
+    Tier { name: "bf16", weights: crate::convert::OutType::Bf16, kv: crate::model::KvType::F16 },
+    Tier { name: "q8_0", weights: crate::convert::OutType::Q8_0, kv: crate::model::KvType::F16 },
+    Tier { name: "q4_0", weights: crate::convert::OutType::Q4_0, kv: crate::model::KvType::F16 },
+];
+
+/// A tier's agreement with the goldens of one fixture.
+#[derive(Debug, Clone, Serialize)]
+pub struct TierReport {
+    pub tier: String,
+    pub fixture: String,
+    pub cases: usize,
+    pub max_abs_diff: f32,
+    pub mean_max_abs_diff: f32,
+    pub argmax_judged: usize,
+    pub argmax_agreed: usize,
+    pub greedy_compared: usize,
+    pub greedy_matched: usize,
+    pub sequences_identical: usize,
+    pub verify_judged: usize,
+    pub verify_agreed: usize,
+}
+
+/// Converts a fixture checkpoint at `tier`, runs its golden cases and summarizes.
+pub fn run_tier(ckpt: &std::path::Path, goldens: &std::path::Path, tier: Tier, eps: f32, threads: usize) -> Result<TierReport, String> {
+    let dir = std::env::temp_dir().join(format!("frigg-parity-{}-{}", std::process::id(), tier.name));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let gguf = dir.join("model.gguf");
+    let opts = crate::convert::ConvertOptions {
+        checkpoint: ckpt.to_path_buf(),
+        output: gguf.clone(),
+        out_type: tier.weights,
+        threads,
+        progress: false,
+        name: None,
+    };
+    crate::convert::convert(&opts).map_err(|e| e.to_string())?;
+    let text = std::fs::read_to_string(goldens).map_err(|e| format!("{}: {e}", goldens.display()))?;
+    let mut max_len = 1;
+    let mut pairs = vec![];
+    for line in text.lines() {
+        let case: Case = serde_json::from_str(line).map_err(|e| e.to_string())?;
+        let golden: Golden = serde_json::from_str(line).map_err(|e| e.to_string())?;
+        max_len = max_len.max(case.input_ids.len() + case.max_new + 1);
+        pairs.push((case, golden));
+    }
+    let eopts = crate::engine::EngineOptions { threads, n_ctx: max_len, n_stream: 1, kv_type: tier.kv, ..Default::default() };
+    let mut engine = Engine::load(&gguf, &eopts).map_err(|e| e.to_string())?;
+    let mut r = TierReport {
+        tier: tier.name.into(),
+        fixture: ckpt.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        cases: pairs.len(),
+        max_abs_diff: 0.0,
+        mean_max_abs_diff: 0.0,
+        argmax_judged: 0,
+        argmax_agreed: 0,
+        greedy_compared: 0,
+        greedy_matched: 0,
+        sequences_identical: 0,
+        verify_judged: 0,
+        verify_agreed: 0,
+    };
+    for (case, golden) in &pairs {
+        let res = run_case(&mut engine, case, true).map_err(|e| e.to_string())?;
+        let c = compare(&res, golden, eps);
+        r.max_abs_diff = r.max_abs_diff.max(c.max_abs_diff);
+        r.mean_max_abs_diff += c.max_abs_diff / pairs.len() as f32;
+        if let Some(eq) = c.argmax_equal {
+            r.argmax_judged += 1;
+            r.argmax_agreed += eq as usize;
+        }
+        r.greedy_compared += c.greedy_compared;
+        r.greedy_matched += c.greedy_matched;
+        r.sequences_identical += (res.greedy == golden.greedy) as usize;
+        r.verify_judged += c.verify_judged;
+        r.verify_agreed += c.verify_agreed;
+    }
+    drop(engine);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(r)
+}

@@ -221,3 +221,33 @@ pub fn fill_mask(mask: &mut [u16], n_kv: usize, n_kv_pad: usize, q_pos: &[i32], 
     // range-checks positions before writing.
     unsafe { ext::hrm_fill_mask(mask.as_mut_ptr(), q_pos.len() as i32, n_kv as i32, n_kv_pad as i32, q_pos.as_ptr(), tt) == 0 }
 }
+
+extern "C" fn log_to_tracing(level: sys::ggml_log_level, text: *const std::os::raw::c_char, _user: *mut std::ffi::c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: ggml passes a NUL-terminated message valid for the call.
+    let msg = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    let msg = msg.trim_end();
+    if msg.is_empty() {
+        return;
+    }
+    match level {
+        sys::GGML_LOG_LEVEL_ERROR => tracing::error!(target: "ggml", "{msg}"),
+        sys::GGML_LOG_LEVEL_WARN => tracing::warn!(target: "ggml", "{msg}"),
+        sys::GGML_LOG_LEVEL_INFO => tracing::debug!(target: "ggml", "{msg}"),
+        _ => tracing::trace!(target: "ggml", "{msg}"),
+    }
+}
+
+/// Sends ggml's (and libllama's) log lines to `tracing` instead of stderr.
+pub fn route_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the callback is a plain function valid for the program's lifetime.
+        unsafe {
+            sys::ggml_log_set(Some(log_to_tracing), std::ptr::null_mut());
+            sys::llama_log_set(Some(log_to_tracing), std::ptr::null_mut());
+        }
+    });
+}
