@@ -42,3 +42,19 @@ fn f32_tier_matches_transformers_on_every_fixture() {
         eprintln!("f32 tier {fixture}: worst last-row max |Δlogit| {worst:.2e}");
     }
 }
+
+/// bf16 and q8_0 tiers: bounds derived from the measured values in docs/parity.md (2× the
+/// worst measured max |Δlogit|; argmax floors at the measured minimum).
+#[test]
+fn bf16_and_q8_0_tiers_stay_within_their_derived_bounds() {
+    use frigg::parity::{run_tier, TIERS};
+    for fixture in ["tiny-packed", "tiny-split", "tiny-packed-bf16", "small-h3l2-packed"] {
+        let goldens = fixtures().join("goldens").join(format!("{fixture}.jsonl"));
+        for (tier, max_diff, min_argmax) in [(TIERS[1], 0.08f32, 17usize), (TIERS[2], 0.27, 15)] {
+            let r = run_tier(&ckpt(fixture), &goldens, tier, EPS, 1).unwrap();
+            eprintln!("{} {fixture}: max |Δlogit| {:.3e}, argmax {}/{}", r.tier, r.max_abs_diff, r.argmax_agreed, r.argmax_judged);
+            assert!(r.max_abs_diff <= max_diff, "{} {fixture}: max |Δlogit| {} > {max_diff}", r.tier, r.max_abs_diff);
+            assert!(r.argmax_agreed >= min_argmax.min(r.argmax_judged), "{} {fixture}: argmax {}/{}", r.tier, r.argmax_agreed, r.argmax_judged);
+        }
+    }
+}
