@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command (README): installs what is missing, builds, runs every test.
+#   Rust: cargo test --release (converter, engine parity, llama.cpp interop, tokenizer, sampler)
+#   Python: tests/python with gguf-py (a small venv; the torch/transformers oracle is not needed:
+#   goldens are committed).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+scripts/bootstrap.sh
+
+venv="${FRIGG_TEST_VENV:-$root/venv-test}"
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c "import gguf, numpy, safetensors, pytest" 2>/dev/null; then
+    "$venv/bin/python" -m pip install -q -r scripts/requirements-test.txt
+fi
+
+# The real Gemma-4 vocabulary for the tokenizer tests (licence forbids committing it); the
+# tests that need it skip when it cannot be fetched.
+if [ ! -f models/gemma4-tokenizer/tokenizer.json ]; then
+    scripts/fetch_gemma_tokenizer.sh || echo "test: Gemma-4 tokenizer unavailable; its tests will skip"
+fi
+
+cargo build --release --locked
+cargo test --release --locked
+FRIGG_BIN="$root/target/release/frigg" "$venv/bin/python" -m pytest -q tests/python
