@@ -1,6 +1,7 @@
 //! frigg: an inference engine for HRM-Text (DFM-Mimir) on ggml.
 
 pub mod arch;
+pub mod bench;
 #[path = "../convert/mod.rs"]
 pub mod convert;
 pub mod engine;

@@ -6,91 +6,15 @@ mod common;
 
 use common::*;
 use frigg::convert::OutType;
-use frigg::ggml::sys;
-use std::ffi::CString;
-use std::path::Path;
-use std::sync::Once;
-
-extern "C" fn quiet_log(_level: sys::ggml_log_level, _text: *const std::os::raw::c_char, _ud: *mut std::ffi::c_void) {}
-
-fn init() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| unsafe {
-        sys::llama_log_set(Some(quiet_log), std::ptr::null_mut());
-        sys::llama_backend_init();
-    });
-}
-
-/// A libllama model and context over one GGUF (test-only, so the raw calls stay here).
-struct Llama {
-    model: *mut sys::llama_model,
-    ctx: *mut sys::llama_context,
-}
-
-impl Llama {
-    fn load(path: &Path, causal: bool) -> Llama {
-        init();
-        let p = CString::new(path.to_str().unwrap()).unwrap();
-        unsafe {
-            let mut mp = sys::llama_model_default_params();
-            mp.n_gpu_layers = 0;
-            let model = sys::llama_model_load_from_file(p.as_ptr(), mp);
-            assert!(!model.is_null(), "llama.cpp failed to load {}", path.display());
-            let mut cp = sys::llama_context_default_params();
-            cp.n_ctx = 256;
-            cp.n_batch = 256;
-            cp.n_ubatch = 256;
-            cp.n_threads = 1;
-            cp.n_threads_batch = 1;
-            let ctx = sys::llama_init_from_model(model, cp);
-            assert!(!ctx.is_null(), "llama.cpp failed to create a context");
-            if !causal {
-                sys::llama_set_causal_attn(ctx, false);
-            }
-            Llama { model, ctx }
-        }
-    }
-
-    /// Logits of the last position after one forward over `ids`.
-    fn last_logits(&self, ids: &[i32]) -> Vec<f32> {
-        unsafe {
-            let mut ids = ids.to_vec();
-            let batch = sys::llama_batch_get_one(ids.as_mut_ptr(), ids.len() as i32);
-            assert_eq!(sys::llama_decode(self.ctx, batch), 0, "llama_decode failed");
-            let vocab = sys::llama_model_get_vocab(self.model);
-            let n = sys::llama_vocab_n_tokens(vocab) as usize;
-            std::slice::from_raw_parts(sys::llama_get_logits_ith(self.ctx, -1), n).to_vec()
-        }
-    }
-
-    fn tokenize(&self, text: &str) -> Vec<i32> {
-        unsafe {
-            let vocab = sys::llama_model_get_vocab(self.model);
-            let mut out = vec![0i32; text.len() * 4 + 16];
-            let n = sys::llama_tokenize(vocab, text.as_ptr() as *const _, text.len() as i32, out.as_mut_ptr(), out.len() as i32, false, true);
-            assert!(n >= 0, "llama_tokenize failed for {text:?}");
-            out.truncate(n as usize);
-            out
-        }
-    }
-}
-
-impl Drop for Llama {
-    fn drop(&mut self) {
-        unsafe {
-            sys::llama_free(self.ctx);
-            sys::llama_model_free(self.model);
-        }
-    }
-}
+use frigg::ggml::llama::LlamaPeer;
 
 fn goldens(name: &str) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(fixtures().join("goldens").join(format!("{name}.jsonl"))).unwrap();
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
-fn ids_of(v: &serde_json::Value) -> Vec<i32> {
-    v.as_array().unwrap().iter().map(|x| x.as_i64().unwrap() as i32).collect()
+fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 fn floats(v: &serde_json::Value) -> Vec<f32> {
@@ -112,8 +36,8 @@ fn llama_cpp_loads_frigg_gguf_and_matches_causal_goldens() {
             if !causal || case["mode"] != "prefill" {
                 continue;
             }
-            let llama = Llama::load(&out, true);
-            let got = llama.last_logits(&ids_of(&case["input_ids"]));
+            let mut llama = LlamaPeer::load(&out, 1, 256, 256, true).unwrap();
+            let got = llama.decode(&ids_of(&case["input_ids"])).unwrap();
             let want = floats(&case["last_logits"]);
             assert_eq!(got.len(), want.len());
             let max = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
@@ -138,8 +62,8 @@ fn llama_cpp_noncausal_prefill_matches_prefix_goldens() {
         if case["mode"] != "prefill" || case["token_type_ids"].is_null() || !ids_of(&case["token_type_ids"]).iter().all(|&t| t == 1) {
             continue;
         }
-        let llama = Llama::load(&out, false);
-        let got = llama.last_logits(&ids_of(&case["input_ids"]));
+        let mut llama = LlamaPeer::load(&out, 1, 256, 256, false).unwrap();
+        let got = llama.decode(&ids_of(&case["input_ids"])).unwrap();
         let want = floats(&case["last_logits"]);
         let max = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         eprintln!("llama.cpp non-causal tiny-packed {}: max |Δlogit| {max:.2e}", case["id"]);
@@ -156,13 +80,13 @@ fn llama_cpp_tokenizer_on_probe_strings() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("f32.gguf");
     convert_to(&ckpt("tiny-packed"), &out, OutType::F32);
-    let llama = Llama::load(&out, true);
+    let llama = LlamaPeer::load(&out, 1, 256, 256, true).unwrap();
     let probes: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(fixtures().join("tokenizer/probes.json")).unwrap()).unwrap();
     let mut differ = vec![];
     for p in &probes {
         let text = p["text"].as_str().unwrap();
         let want = ids_of(&p["ids"]);
-        let got = llama.tokenize(text);
+        let got = llama.tokenize(text).unwrap();
         if got != want {
             differ.push(text.to_string());
         }
