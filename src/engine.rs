@@ -92,6 +92,64 @@ pub struct Engine {
     lens: Vec<Option<usize>>,
     decode_graph: Option<Built>,
     graph_size: usize,
+    /// Where intermediate tensors are written when dumping (boxed: ggml holds its address).
+    dump: Option<Box<Dump>>,
+}
+
+/// Intermediate-tensor dumps for parity diffs: every F32 node whose name contains `filter`
+/// (names are "s<slot>.<role>", e.g. "s017.attn_norm") is written as `<dir>/<forward>-<name>.npy`.
+#[derive(Debug)]
+struct Dump {
+    dir: std::path::PathBuf,
+    filter: String,
+    forward: usize,
+}
+
+extern "C" fn dump_node(t: *mut sys::ggml_tensor, ask: bool, user: *mut std::ffi::c_void) -> bool {
+    // SAFETY: user is the engine's boxed Dump (alive while the callback is set); t is a live
+    // node of the graph being computed, read only after it was computed (ask == false).
+    unsafe {
+        let d = &*(user as *const Dump);
+        let name = std::ffi::CStr::from_ptr((*t).name.as_ptr()).to_string_lossy();
+        let wanted = (*t).type_ == sys::GGML_TYPE_F32 && !name.is_empty() && name.contains(d.filter.as_str());
+        if ask {
+            return wanted;
+        }
+        if wanted {
+            let n = sys::ggml_nelements(t) as usize;
+            let mut data = vec![0f32; n];
+            if sys::ggml_is_contiguous(t) {
+                compute::tensor_get(t, bytes_of_mut(&mut data), 0);
+                let ne = (*t).ne;
+                let shape: Vec<i64> = ne.iter().rev().copied().skip_while(|&x| x == 1).collect();
+                let path = d.dir.join(format!("{:04}-{}.npy", d.forward, name));
+                if let Err(e) = write_npy(&path, &shape, &data) {
+                    tracing::warn!("dump {}: {e}", path.display());
+                }
+            }
+        }
+        true
+    }
+}
+
+/// A minimal .npy (version 1.0, little-endian f32, C order).
+fn write_npy(path: &Path, shape: &[i64], data: &[f32]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let tuple = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    f.write_all(b"\x93NUMPY\x01\x00")?;
+    f.write_all(&(header.len() as u16).to_le_bytes())?;
+    f.write_all(header.as_bytes())?;
+    for x in data {
+        f.write_all(&x.to_le_bytes())?;
+    }
+    f.flush()
 }
 
 impl std::fmt::Debug for Engine {
@@ -122,7 +180,22 @@ impl Engine {
         let refs: Vec<&Backend> = backends.iter().collect();
         let sched_first = Scheduler::new(&refs, graph_size)?;
         let sched_decode = Scheduler::new(&refs, graph_size)?;
-        Ok(Engine { model, kv, sched_first, sched_decode, lens: vec![None; opts.n_stream.max(1)], backends, decode_graph: None, graph_size })
+        Ok(Engine { model, kv, sched_first, sched_decode, lens: vec![None; opts.n_stream.max(1)], backends, decode_graph: None, graph_size, dump: None })
+    }
+
+    /// Writes every F32 intermediate whose name contains `filter` to `dir` as .npy, one file
+    /// per node and forward (`None` stops dumping).
+    pub fn set_dump(&mut self, dir: Option<(std::path::PathBuf, String)>) {
+        self.dump = dir.map(|(dir, filter)| Box::new(Dump { dir, filter, forward: 0 }));
+        let (cb, ud): (sys::ggml_backend_sched_eval_callback, *mut std::ffi::c_void) = match &mut self.dump {
+            Some(d) => (Some(dump_node), &mut **d as *mut Dump as *mut std::ffi::c_void),
+            None => (None, std::ptr::null_mut()),
+        };
+        // SAFETY: ud points into self.dump, which lives until replaced here or the engine drops.
+        unsafe {
+            self.sched_first.set_eval_callback(cb, ud);
+            self.sched_decode.set_eval_callback(cb, ud);
+        }
     }
 
     pub fn hparams(&self) -> &HParams {
@@ -212,6 +285,9 @@ impl Engine {
             compute::tensor_set(io.out_rows, bytes_of(out), 0);
         }
         sched.compute(built.gf)?;
+        if let Some(d) = self.dump.as_mut() {
+            d.forward += 1;
+        }
         let n_vocab = self.model.hp.n_vocab as usize;
         let mut flat = vec![0f32; n_vocab * out.len()];
         // SAFETY: logits is F32 [n_vocab, n_out].

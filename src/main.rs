@@ -155,6 +155,12 @@ enum Command {
         /// Also write each case's full last-row logits.
         #[arg(long)]
         full_logits: bool,
+        /// Dump intermediate tensors (named s<slot>.<role>) as .npy files into this directory.
+        #[arg(long)]
+        dump_dir: Option<PathBuf>,
+        /// Only dump tensors whose name contains this (e.g. "s000." or "stack_norm").
+        #[arg(long, default_value = "")]
+        dump_filter: String,
         #[command(flatten)]
         runner: RunnerArgs,
     },
@@ -298,7 +304,9 @@ fn main() -> ExitCode {
             let req = RunRequest { prompt, chat, raw, max_tokens, ignore_eos, stop, causal_prompt, json, sampling: sampling.params() };
             exit(run(&model, &runner, req))
         }
-        Command::Logits { model, cases, out, full_logits, runner } => exit(logits(&model, &cases, &out, full_logits, &runner)),
+        Command::Logits { model, cases, out, full_logits, dump_dir, dump_filter, runner } => {
+            exit(logits(&model, &cases, &out, full_logits, dump_dir.map(|d| (d, dump_filter)), &runner))
+        }
         Command::Parity { fixtures, eps, json, markdown, threads } => exit(parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads)),
         Command::Bench(cmd) => exit(bench(cmd)),
         Command::Inspect { file, json } => match frigg::inspect::inspect(&file) {
@@ -419,7 +427,7 @@ fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
     Ok(())
 }
 
-fn logits(model: &Path, cases: &Path, out: &Path, full: bool, runner: &RunnerArgs) -> Result<(), String> {
+fn logits(model: &Path, cases: &Path, out: &Path, full: bool, dump: Option<(PathBuf, String)>, runner: &RunnerArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(cases).map_err(|e| format!("{}: {e}", cases.display()))?;
     let parsed: Vec<frigg::parity::Case> = text
         .lines()
@@ -428,6 +436,10 @@ fn logits(model: &Path, cases: &Path, out: &Path, full: bool, runner: &RunnerArg
         .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{} line {}: {e}", cases.display(), i + 1)))
         .collect::<Result<_, _>>()?;
     let mut engine = Engine::load(model, &runner.engine_options(1)?).map_err(|e| e.to_string())?;
+    if let Some((dir, _)) = &dump {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    engine.set_dump(dump);
     let mut w = std::io::BufWriter::new(std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?);
     for c in &parsed {
         let r = frigg::parity::run_case(&mut engine, c, full).map_err(|e| format!("case {}: {e}", c.id))?;
