@@ -18,6 +18,9 @@ pub struct Inspection {
     pub hparams: Option<HParams>,
     /// Why frigg cannot run the file; empty when it can.
     pub problems: Vec<String>,
+    /// Whether text can be tokenized (the embedded Hugging Face tokenizer). Without it (e.g. a
+    /// file from llama.cpp's converter) frigg still computes logits from token ids.
+    pub text_ready: bool,
 }
 
 impl Inspection {
@@ -51,9 +54,6 @@ pub fn check_runnable(g: &GgufFile, tensors: &[TensorInfo]) -> (Option<HParams>,
             }
         }
     }
-    if !g.has(key::TOK_HF_JSON) {
-        problems.push(format!("no {} (frigg tokenizes with the embedded Hugging Face tokenizer)", key::TOK_HF_JSON));
-    }
     (hp, problems)
 }
 
@@ -74,6 +74,7 @@ pub fn inspect(path: &Path) -> Result<Inspection, GgufError> {
         tensors,
         hparams,
         problems,
+        text_ready: g.has(key::TOK_HF_JSON),
     })
 }
 
@@ -125,6 +126,7 @@ impl Inspection {
             "chat_template_present": find(m, key::CHAT_TEMPLATE).is_some(),
             "runnable": self.runnable(),
             "missing": self.problems,
+            "text_ready": self.text_ready,
         })
     }
 
@@ -143,6 +145,9 @@ impl Inspection {
             );
         }
         let _ = writeln!(s, "runnable       {}", if self.runnable() { "yes".to_string() } else { format!("no: {}", self.problems.join("; ")) });
+        if !self.text_ready {
+            let _ = writeln!(s, "tokenizer      none embedded ({}): token ids only; convert with frigg for text", key::TOK_HF_JSON);
+        }
         let _ = writeln!(s, "\nmetadata ({} keys)", self.metadata.len());
         for (k, v) in &self.metadata {
             let _ = writeln!(s, "  {k:44} {}", short_value(v));
