@@ -161,12 +161,19 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine, EngineError> {
         crate::ggml::route_logs();
-        let cpu = Backend::cpu(opts.threads)?;
+        // Two CPU backends: first forwards get ggml's fastest kernels (tiled GEMM, tiled
+        // attention); decode gets the reference kernels, which are what ggml runs for one row
+        // anyway and do not change with the batch, so a sequence's logits are the same alone
+        // or batched (see docs/parity.md).
+        let cpu_first = Backend::cpu(opts.threads)?;
+        let cpu_decode = Backend::cpu(opts.threads)?;
+        cpu_decode.set_reference_kernels(true);
         let mut backends = vec![];
         if opts.gpu {
             backends.push(Backend::gpu()?);
         }
-        backends.push(cpu);
+        backends.push(cpu_first);
+        backends.push(cpu_decode);
         let main = &backends[0];
         let model = Model::load(path, main, opts.repack)?;
         let hp = model.hp.clone();
@@ -177,9 +184,13 @@ impl Engine {
         let kv = KvCache::new(&hp, n_ctx, opts.n_stream.max(1), opts.kv_type, main)?;
         // SAFETY: pure function of the hyperparameters.
         let graph_size = unsafe { ext::hrm_graph_nodes(&crate::model::c_hparams(&hp)) } * 2;
-        let refs: Vec<&Backend> = backends.iter().collect();
-        let sched_first = Scheduler::new(&refs, graph_size)?;
-        let sched_decode = Scheduler::new(&refs, graph_size)?;
+        // Each scheduler ends with its own CPU backend (ggml requires the CPU last).
+        let n = backends.len();
+        let gpu: Vec<&Backend> = backends[..n - 2].iter().collect();
+        let first: Vec<&Backend> = gpu.iter().copied().chain([&backends[n - 2]]).collect();
+        let decode: Vec<&Backend> = gpu.iter().copied().chain([&backends[n - 1]]).collect();
+        let sched_first = Scheduler::new(&first, graph_size)?;
+        let sched_decode = Scheduler::new(&decode, graph_size)?;
         Ok(Engine { model, kv, sched_first, sched_decode, lens: vec![None; opts.n_stream.max(1)], backends, decode_graph: None, graph_size, dump: None })
     }
 
@@ -338,11 +349,8 @@ impl Engine {
     /// Returns one row of logits per entry, in order. Streams not listed are untouched: the
     /// graph's padding rows write only the scratch cell of their own stream.
     ///
-    /// Batch invariance: every decode graph has at least two token rows and two logit rows, so
-    /// ggml runs the same matmul (tinyBLAS) and attention (per-row) kernels for one sequence as
-    /// for eight; with one row it would switch to vec_dot and split-KV attention and round
-    /// differently. One sequence therefore decodes as one stream of two rows (the second a
-    /// padding row), several as one row per stream.
+    /// Batch invariance: decode runs on the CPU backend with ggml's reference kernels, whose
+    /// arithmetic per output element does not depend on how many rows the step has.
     pub fn decode(&mut self, batch: &[(usize, u32)]) -> Result<Vec<Vec<f32>>, EngineError> {
         let tokens: Vec<u32> = batch.iter().map(|b| b.1).collect();
         self.check_tokens(&tokens)?;
@@ -359,15 +367,13 @@ impl Engine {
         if batch.is_empty() {
             return Ok(vec![]);
         }
-        let per_stream = if n_stream == 1 { 2 } else { 1 };
-        let n_rows = n_stream * per_stream;
         let cells = self.kv.cells_per_stream();
         let n_kv = (n_kv_needed.div_ceil(KV_PAD) * KV_PAD).min(cells);
         let step = ext::hrm_step {
-            n_tokens: per_stream as i32,
+            n_tokens: 1,
             n_stream: n_stream as i32,
             n_kv: n_kv as i32,
-            n_out: n_rows as i32,
+            n_out: n_stream as i32,
             first: 0,
         };
         let reuse = self.decode_graph.as_ref().is_some_and(|b| steps_equal(&b.step, &step));
@@ -378,25 +384,24 @@ impl Engine {
             self.decode_graph = Some(self.build(step)?);
         }
 
-        // Row r belongs to stream r / per_stream. Padding rows write their stream's scratch
-        // cell (n_ctx) at position 0 and attend to cell 0 only; their logits are dropped.
-        let mut toks = vec![0i32; n_rows];
-        let mut pos = vec![0i32; n_rows];
-        let mut rows: Vec<i64> = (0..n_rows).map(|r| ((r / per_stream) * cells + self.kv.n_ctx) as i64).collect();
-        let mut mask = vec![0u16; n_rows * n_kv];
-        for r in 0..n_rows {
-            fill_mask(&mut mask[r * n_kv..(r + 1) * n_kv], n_kv, n_kv, &[0], None);
+        // Row s is stream s. Streams not in the batch get a padding row that writes their
+        // scratch cell (n_ctx) at position 0 and attends to cell 0 only; its logits are dropped.
+        let mut toks = vec![0i32; n_stream];
+        let mut pos = vec![0i32; n_stream];
+        let mut rows: Vec<i64> = (0..n_stream).map(|s| (s * cells + self.kv.n_ctx) as i64).collect();
+        let mut mask = vec![0u16; n_stream * n_kv];
+        for s in 0..n_stream {
+            fill_mask(&mut mask[s * n_kv..(s + 1) * n_kv], n_kv, n_kv, &[0], None);
         }
         for &(s, t) in batch {
             let p = self.lens[s].expect("checked above");
-            let r = s * per_stream;
-            toks[r] = t as i32;
-            pos[r] = p as i32;
-            rows[r] = (s * cells + p) as i64;
+            toks[s] = t as i32;
+            pos[s] = p as i32;
+            rows[s] = (s * cells + p) as i64;
             // Decode rows see their whole sequence: cells 0..=p.
-            assert!(fill_mask(&mut mask[r * n_kv..(r + 1) * n_kv], p + 1, n_kv, &[p as i32], None));
+            assert!(fill_mask(&mut mask[s * n_kv..(s + 1) * n_kv], p + 1, n_kv, &[p as i32], None));
         }
-        let out: Vec<i32> = (0..n_rows as i32).collect();
+        let out: Vec<i32> = (0..n_stream as i32).collect();
         let built = self.decode_graph.take().expect("built above");
         let logits = self.run(false, &built, &toks, &pos, &rows, &mask, &out);
         self.decode_graph = Some(built);
@@ -404,7 +409,7 @@ impl Engine {
         for &(s, _) in batch {
             *self.lens[s].as_mut().expect("checked") += 1;
         }
-        Ok(batch.iter().map(|&(s, _)| std::mem::take(&mut logits[s * per_stream])).collect())
+        Ok(batch.iter().map(|&(s, _)| std::mem::take(&mut logits[s])).collect())
     }
 
     /// Shortens a stream to `len` positions (regenerate from there); later cells are masked.

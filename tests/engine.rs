@@ -42,7 +42,7 @@ fn alone(e: &mut Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<u32
 
 #[test]
 fn batched_decode_equals_single_stream_bit_for_bit() {
-    for (ty, kv) in [(OutType::F32, KvType::F32), (OutType::Q8_0, KvType::F16)] {
+    for (ty, kv) in [(OutType::F32, KvType::F32), (OutType::Q8_0, KvType::F16), (OutType::Bf16, KvType::Bf16), (OutType::Q4_0, KvType::Q8_0)] {
         let (_d, mut e) = engine(ty, kv, 8);
         let prompts: Vec<Vec<u32>> = prompts().into_iter().take(8).collect();
         let steps = 10;

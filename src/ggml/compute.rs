@@ -55,6 +55,16 @@ impl Backend {
         Ok(Backend { ptr, is_cpu: false })
     }
 
+    /// CPU only: use ggml's reference kernels (vec_dot matmuls, per-row attention) whatever the
+    /// batch, instead of tiled GEMM (llamafile) and split-KV attention. Those are what ggml
+    /// runs for a single row anyway, so results become independent of the batch size.
+    pub fn set_reference_kernels(&self, on: bool) {
+        if self.is_cpu {
+            // SAFETY: a CPU backend.
+            unsafe { sys::ggml_backend_cpu_set_use_ref(self.ptr.as_ptr(), on) };
+        }
+    }
+
     pub fn is_cpu(&self) -> bool {
         self.is_cpu
     }
