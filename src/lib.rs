@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod model;
 pub mod parity;
 pub mod sampler;
+pub mod server;
 pub mod tokenizer;
 pub mod chat;
 

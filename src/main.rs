@@ -181,6 +181,38 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         threads: usize,
     },
+    /// Serve an OpenAI-compatible API (chat/completions, completions, models, health, metrics,
+    /// tokenize, detokenize) with continuous batching. Without MODEL: the bundled demo model.
+    Serve {
+        model: Option<PathBuf>,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Sequences decoded together (each holds a KV stream of --ctx positions).
+        #[arg(long, default_value_t = 4)]
+        slots: usize,
+        /// Requests waiting beyond the slots; more get 429.
+        #[arg(long, default_value_t = 16)]
+        queue: usize,
+        /// Require this key (Authorization: Bearer KEY). Needed to listen beyond loopback.
+        #[arg(long, conflicts_with = "api_key_file")]
+        api_key: Option<String>,
+        /// Read the API key from this file (first line).
+        #[arg(long)]
+        api_key_file: Option<PathBuf>,
+        /// Send CORS headers allowing this origin (off by default).
+        #[arg(long)]
+        cors_origin: Option<String>,
+        /// The model id reported by /v1/models and in responses.
+        #[arg(long)]
+        alias: Option<String>,
+        /// Largest request body in bytes (larger: 413).
+        #[arg(long, default_value_t = 4 << 20)]
+        max_body: usize,
+        #[command(flatten)]
+        runner: RunnerArgs,
+    },
     /// Benchmarks (commands, not tests).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -309,6 +341,9 @@ fn main() -> ExitCode {
         }
         Command::Parity { fixtures, eps, json, markdown, threads } => exit(parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads)),
         Command::Bench(cmd) => exit(bench(cmd)),
+        Command::Serve { model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, runner } => {
+            exit(serve(model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, &runner))
+        }
         Command::Inspect { file, json } => match frigg::inspect::inspect(&file) {
             Ok(i) => {
                 if json {
@@ -494,4 +529,75 @@ fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path
         std::fs::write(p, serde_json::to_string_pretty(&reports).expect("serializable")).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
+}
+
+/// The bundled demo model: until a trained one ships, the tiny random fixture, converted once.
+fn demo_model() -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = root.join("models/demo-tiny-q8_0.gguf");
+    if !out.is_file() {
+        std::fs::create_dir_all(root.join("models")).map_err(|e| e.to_string())?;
+        let opts = ConvertOptions {
+            checkpoint: root.join("tests/fixtures/ckpt/tiny-packed"),
+            output: out.clone(),
+            out_type: OutType::Q8_0,
+            threads: 2,
+            progress: false,
+            name: Some("frigg-demo-tiny".into()),
+        };
+        convert::convert(&opts).map_err(|e| e.to_string())?;
+    }
+    eprintln!(
+        "frigg serve: no model given, serving the bundled demo model {} (a tiny HRM-Text with random weights: its replies are noise).\n  For a real model: frigg convert /path/to/DFM-Mimir -o mimir-q8_0.gguf --type q8_0 && frigg serve mimir-q8_0.gguf",
+        out.display()
+    );
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    model: Option<PathBuf>,
+    host: String,
+    port: u16,
+    slots: usize,
+    queue: usize,
+    api_key: Option<String>,
+    api_key_file: Option<PathBuf>,
+    cors_origin: Option<String>,
+    alias: Option<String>,
+    max_body: usize,
+    runner: &RunnerArgs,
+) -> Result<(), String> {
+    let model = match model {
+        Some(m) => m,
+        None => demo_model()?,
+    };
+    let api_key = match (api_key, api_key_file) {
+        (Some(k), _) => Some(k),
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(&f).map_err(|e| format!("--api-key-file: {e}"))?;
+            let k = text.lines().next().unwrap_or("").trim().to_string();
+            if k.is_empty() {
+                return Err("--api-key-file: the file is empty".into());
+            }
+            Some(k)
+        }
+        (None, None) => None,
+    };
+    if slots == 0 {
+        return Err("--slots must be at least 1".into());
+    }
+    frigg::server::serve(frigg::server::ServeOptions {
+        model,
+        host,
+        port,
+        slots,
+        queue,
+        api_key,
+        cors_origin,
+        alias,
+        engine: runner.engine_options(slots)?,
+        mistral_regex: runner.tokenizer_mistral_regex,
+        max_body,
+    })
 }

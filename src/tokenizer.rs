@@ -170,10 +170,17 @@ fn patch_mistral_regex(json: &str) -> Result<String, TokenizerError> {
 
 /// Incremental detokenizer for streaming: emits text only once it is final — never half a UTF-8
 /// character (byte-fallback tokens), never a piece that could still become a stop string.
+/// Text only grows: each token's text is the difference between decoding a short window of
+/// recent ids with and without the new ones (the method of HF text-generation-inference), so
+/// earlier output is never revised and the cost per token stays constant.
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     ids: Vec<u32>,
-    /// Text of all ids decoded so far (complete characters only).
+    /// Window start: ids before it are fully represented in `text`.
+    prefix_offset: usize,
+    /// ids before this were decoded into `text`.
+    read_offset: usize,
+    /// All final text so far (complete characters only).
     text: String,
     /// Bytes of `text` already handed out.
     emitted: usize,
@@ -187,11 +194,14 @@ impl StreamDecoder {
     /// Adds a token; returns the full text decoded so far (complete characters only).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<&str, TokenizerError> {
         self.ids.push(id);
-        let full = tok.decode(&self.ids, true)?;
+        let before = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
+        let after = tok.decode(&self.ids[self.prefix_offset..], true)?;
         // An incomplete byte-fallback sequence decodes to U+FFFD at the end: wait for the rest.
-        let complete = full.trim_end_matches('\u{FFFD}');
-        if complete.len() >= self.text.len() || !complete.starts_with(&self.text) {
-            self.text = complete.to_string();
+        if after.len() > before.len() && !after.ends_with('\u{FFFD}') {
+            let common: usize = before.chars().zip(after.chars()).take_while(|(a, b)| a == b).map(|(a, _)| a.len_utf8()).sum();
+            self.text.push_str(&after[common..]);
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
         }
         Ok(&self.text)
     }

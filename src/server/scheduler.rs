@@ -1,0 +1,240 @@
+//! The engine thread: owns the model, admits queued requests into free streams (one prefill
+//! between decode steps, so running streams are never starved), decodes every active sequence
+//! in one batched step, and sends each piece of text back as soon as it is final.
+
+use crate::engine::{Engine, Rows};
+use crate::generate::Finish;
+use crate::sampler::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A request as the engine sees it: token ids, and `n` choices that share one prefill.
+#[derive(Debug)]
+pub struct Job {
+    pub id: String,
+    pub prompt: Vec<u32>,
+    pub n: usize,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stops: Vec<String>,
+    /// Top alternatives to report per token (OpenAI top_logprobs); None = no logprobs.
+    pub logprobs: Option<usize>,
+    pub ignore_eos: bool,
+    pub events: UnboundedSender<Event>,
+    pub enqueued: Instant,
+}
+
+/// What the engine sends back for a request.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The prompt was prefilled (time to first token starts counting at enqueue).
+    Started,
+    Piece { choice: usize, text: String, tokens: Vec<TokenLogprob> },
+    Done { choice: usize, finish: Finish, completion_tokens: usize },
+    Error(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Live counters the HTTP side reads for /metrics and /health.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub busy_slots: AtomicUsize,
+    pub queued: AtomicUsize,
+    pub prompt_tokens: AtomicUsize,
+    pub generated_tokens: AtomicUsize,
+    pub draining: AtomicBool,
+    pub ready: AtomicBool,
+}
+
+struct Seq {
+    job: Arc<Job>,
+    choice: usize,
+    stream: usize,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    logits: Vec<f32>,
+    generated: usize,
+    /// Logprobs of tokens whose text the decoder still holds back.
+    pending: Vec<TokenLogprob>,
+}
+
+/// Runs until `jobs` disconnects (shutdown) and every active sequence has finished or been
+/// cancelled.
+pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: Arc<Stats>) {
+    let mut active: Vec<Seq> = vec![];
+    let mut closed = false;
+    stats.ready.store(true, Ordering::SeqCst);
+    loop {
+        // Admit one request if its choices fit in free streams.
+        let free = engine.n_stream() - active.len();
+        if !closed && free > 0 {
+            let next = if active.is_empty() {
+                match jobs.recv_timeout(Duration::from_millis(200)) {
+                    Ok(j) => Some(j),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        closed = true;
+                        None
+                    }
+                }
+            } else {
+                jobs.try_recv().ok()
+            };
+            if let Some(job) = next {
+                stats.queued.fetch_sub(1, Ordering::SeqCst);
+                admit(&mut engine, job, &mut active, &stats);
+            }
+        }
+        if active.is_empty() {
+            if closed {
+                return;
+            }
+            continue;
+        }
+        step(&mut engine, &tok, &mut active, &stats);
+        stats.busy_slots.store(active.len(), Ordering::SeqCst);
+    }
+}
+
+fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
+    let job = Arc::new(job);
+    if job.events.is_closed() {
+        return; // the client left while queued
+    }
+    let free: Vec<usize> = (0..engine.n_stream()).filter(|s| engine.stream_len(*s).is_none()).take(job.n).collect();
+    if free.len() < job.n {
+        let _ = job.events.send(Event::Error(format!("n = {} exceeds the server's {} slots", job.n, engine.n_stream())));
+        return;
+    }
+    let ones = vec![1; job.prompt.len()];
+    let logits = match engine.prefill(free[0], &job.prompt, Some(&ones), Rows::Last) {
+        Ok(mut l) => l.pop().expect("one row"),
+        Err(e) => {
+            let _ = job.events.send(Event::Error(e.to_string()));
+            return;
+        }
+    };
+    for &s in &free[1..] {
+        if let Err(e) = engine.fork(free[0], s) {
+            let _ = job.events.send(Event::Error(e.to_string()));
+            for &t in &free {
+                engine.release(t);
+            }
+            return;
+        }
+    }
+    stats.prompt_tokens.fetch_add(job.prompt.len(), Ordering::Relaxed);
+    let _ = job.events.send(Event::Started);
+    for (choice, &stream) in free.iter().enumerate() {
+        // Choices differ but stay reproducible: choice i samples with seed + i.
+        let mut params = job.sampling.clone();
+        params.seed = params.seed.map(|s| s.wrapping_add(choice as u64));
+        active.push(Seq {
+            job: job.clone(),
+            choice,
+            stream,
+            sampler: Sampler::new(params),
+            decoder: StreamDecoder::new(),
+            logits: logits.clone(),
+            generated: 0,
+            pending: vec![],
+        });
+    }
+}
+
+/// Samples every active sequence, finishes those that ended, decodes the rest in one step.
+fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Stats) {
+    let mut batch = vec![];
+    let mut finished = vec![];
+    for (i, seq) in active.iter_mut().enumerate() {
+        if seq.job.events.is_closed() {
+            finished.push(i); // client disconnected: free the slot now
+            continue;
+        }
+        // sample() applies bias and penalties to the logits in place; logprobs report that
+        // adjusted distribution at temperature 1, as OpenAI's do.
+        let c = seq.sampler.sample(&mut seq.logits);
+        if !seq.job.ignore_eos && tok.is_eos(c.token) {
+            flush(seq, Finish::Stop);
+            finished.push(i);
+            continue;
+        }
+        seq.sampler.accept(c.token);
+        seq.generated += 1;
+        stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        if let Some(k) = seq.job.logprobs {
+            let lse = logsumexp(&seq.logits);
+            let top = if k > 0 { crate::parity::top_k(&seq.logits, k).into_iter().map(|(id, l)| (id, l - lse)).collect() } else { vec![] };
+            seq.pending.push(TokenLogprob { token: c.token, logprob: seq.logits[c.token as usize] - lse, top });
+        }
+        let stop_hit = match seq.decoder.push(tok, c.token) {
+            Ok(_) => {
+                let (piece, hit) = seq.decoder.next_piece(&seq.job.stops);
+                if !piece.is_empty() || hit.is_some() {
+                    let tokens = std::mem::take(&mut seq.pending);
+                    let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: piece, tokens });
+                }
+                hit.is_some()
+            }
+            Err(e) => {
+                let _ = seq.job.events.send(Event::Error(e.to_string()));
+                true
+            }
+        };
+        if stop_hit {
+            let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish: Finish::Stop, completion_tokens: seq.generated });
+            finished.push(i);
+        } else if seq.generated >= seq.job.max_tokens {
+            flush(seq, Finish::Length);
+            finished.push(i);
+        } else {
+            batch.push((seq.stream, c.token, i));
+        }
+    }
+    if !batch.is_empty() {
+        let pairs: Vec<(usize, u32)> = batch.iter().map(|&(s, t, _)| (s, t)).collect();
+        match engine.decode(&pairs) {
+            Ok(rows) => {
+                for ((_, _, i), row) in batch.iter().zip(rows) {
+                    active[*i].logits = row;
+                }
+            }
+            Err(e) => {
+                for &(_, _, i) in &batch {
+                    let _ = active[i].job.events.send(Event::Error(e.to_string()));
+                    finished.push(i);
+                }
+            }
+        }
+    }
+    finished.sort_unstable();
+    finished.dedup();
+    for i in finished.into_iter().rev() {
+        let seq = active.swap_remove(i);
+        engine.release(seq.stream);
+    }
+}
+
+fn flush(seq: &mut Seq, finish: Finish) {
+    let rest = seq.decoder.flush();
+    let tokens = std::mem::take(&mut seq.pending);
+    if !rest.is_empty() || !tokens.is_empty() {
+        let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
+    }
+    let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish, completion_tokens: seq.generated });
+}
+
+fn logsumexp(v: &[f32]) -> f32 {
+    let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    m + v.iter().map(|&x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32
+}

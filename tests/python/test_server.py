@@ -1,0 +1,231 @@
+"""`frigg serve` against the official openai SDK: a real server process on loopback."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+ROOT = Path(__file__).resolve().parents[2]
+FRIGG = os.environ.get("FRIGG_BIN", str(ROOT / "target" / "release" / "frigg"))
+KEY = "test-key-123"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [FRIGG, "serve", "--port", str(self.port), "--threads", "1", "--ctx", "256", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"frigg serve exited: {self.proc.stderr.read()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("frigg serve did not become healthy")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = KEY) -> "openai.OpenAI":
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+    def post(self, path: str, body: bytes, key: str = KEY):
+        req = urllib.request.Request(f"{self.url}{path}", data=body, headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--api-key", KEY, "--slots", "4", "--queue", "16", "--max-body", "65536")
+    yield s
+    assert s.stop() == 0
+
+
+MSG = [{"role": "user", "content": "Hvad er hovedstaden i Danmark?"}]
+
+
+def test_models_and_health(server):
+    models = server.client().models.list()
+    assert len(models.data) == 1
+    assert models.data[0].id
+
+
+def test_chat_non_streamed_and_streamed_agree(server):
+    c = server.client()
+    r = c.chat.completions.create(model="x", messages=MSG, max_tokens=20, temperature=0.9, seed=42)
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    chunks = list(c.chat.completions.create(model="x", messages=MSG, max_tokens=20, temperature=0.9, seed=42, stream=True))
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert streamed == text
+    assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
+
+
+def test_seed_reproducibility_and_n(server):
+    c = server.client()
+    a = c.chat.completions.create(model="x", messages=MSG, max_tokens=12, temperature=1.0, seed=7, n=3)
+    b = c.chat.completions.create(model="x", messages=MSG, max_tokens=12, temperature=1.0, seed=7, n=3)
+    assert [ch.index for ch in a.choices] == [0, 1, 2]
+    assert [ch.message.content for ch in a.choices] == [ch.message.content for ch in b.choices]
+    assert len({ch.message.content for ch in a.choices}) > 1, "choices should differ"
+    # n streamed: every index appears and finishes
+    chunks = list(c.chat.completions.create(model="x", messages=MSG, max_tokens=8, temperature=1.0, seed=7, n=3, stream=True))
+    done = {ch.choices[0].index for ch in chunks if ch.choices and ch.choices[0].finish_reason}
+    assert done == {0, 1, 2}
+
+
+def test_completions_streamed_and_not(server):
+    c = server.client()
+    r = c.completions.create(model="x", prompt="Der var engang", max_tokens=16, temperature=0)
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(model="x", prompt="Der var engang", max_tokens=16, temperature=0, stream=True) if ch.choices)
+    assert streamed == r.choices[0].text
+
+
+def test_stop_strings_that_straddle_tokens_never_leak(server):
+    c = server.client()
+    full = c.completions.create(model="x", prompt="Der var engang", max_tokens=40, temperature=0).choices[0].text
+    if len(full) < 12:
+        pytest.skip("greedy text too short to pick a stop string")
+    stop = full[5:10]
+    want = full[: full.index(stop)]
+    r = c.completions.create(model="x", prompt="Der var engang", max_tokens=40, temperature=0, stop=[stop])
+    assert r.choices[0].text == want
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(model="x", prompt="Der var engang", max_tokens=40, temperature=0, stop=[stop], stream=True) if ch.choices)
+    assert streamed == want
+
+
+def test_logprobs_in_openai_shape(server):
+    c = server.client()
+    r = c.chat.completions.create(model="x", messages=MSG, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for t in content:
+        assert t.logprob <= 0 and isinstance(t.bytes, list)
+        assert len(t.top_logprobs) == 3
+        # greedy picks the most likely token
+        assert abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5
+
+
+def test_include_usage_in_the_stream(server):
+    chunks = list(server.client().chat.completions.create(model="x", messages=MSG, max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    last = chunks[-1]
+    assert last.usage is not None and last.usage.completion_tokens >= 1
+    assert last.choices == []
+
+
+def test_errors_in_openai_shape(server):
+    c = server.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="x", messages=MSG, extra_body={"mirostat": 2})
+    assert "mirostat" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="x", messages=MSG, response_format={"type": "json_object"})
+    assert "response_format" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="x", messages=MSG, max_tokens=100000)
+    msg = str(e.value)
+    assert "context length is 256" in msg and "100000" in msg
+    with pytest.raises(openai.AuthenticationError):
+        server.client(key="wrong").chat.completions.create(model="x", messages=MSG, max_tokens=2)
+    status, _, body = server.post("/v1/chat/completions", b"{not json")
+    assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
+    big = json.dumps({"model": "x", "messages": [{"role": "user", "content": "a" * 100_000}]}).encode()
+    status, _, _ = server.post("/v1/chat/completions", big)
+    assert status == 413
+
+
+def test_tokenize_roundtrip(server):
+    status, _, body = server.post("/tokenize", json.dumps({"content": "Hej verden"}).encode())
+    assert status == 200
+    ids = json.loads(body)["tokens"]
+    status, _, body = server.post("/detokenize", json.dumps({"tokens": ids}).encode())
+    assert json.loads(body)["content"] == "Hej verden"
+
+
+def metric(server, name: str) -> float:
+    with urllib.request.urlopen(f"{server.url}/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise KeyError(name)
+
+
+def test_full_queue_answers_429_and_disconnect_frees_the_slot():
+    s = Server("--slots", "1", "--queue", "0")
+    try:
+        c = s.client(key="none")
+        # Occupy the only slot with a long stream, then disconnect after the first chunk.
+        stream = c.chat.completions.create(model="x", messages=MSG, max_tokens=200, stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))
+        status, headers, body = s.post("/v1/chat/completions", json.dumps({"model": "x", "messages": MSG, "max_tokens": 4}).encode(), key="none")
+        assert status == 429, body
+        assert headers.get("retry-after") == "1"
+        stream.close()
+        deadline = time.time() + 30
+        while metric(s, "frigg_busy_slots") != 0 and time.time() < deadline:
+            time.sleep(0.1)
+        assert metric(s, "frigg_busy_slots") == 0
+        r = c.chat.completions.create(model="x", messages=MSG, max_tokens=4)
+        assert r.choices[0].message.content is not None
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_drains_in_flight_streams():
+    s = Server("--slots", "2")
+    got = {}
+
+    def consume():
+        chunks = list(s.client(key="none").chat.completions.create(model="x", messages=MSG, max_tokens=60, temperature=0, stream=True))
+        got["finish"] = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.5)
+    code = s.stop()
+    t.join(timeout=60)
+    assert code == 0
+    assert got.get("finish"), "the in-flight stream must finish, not be cut"
+
+
+def test_non_loopback_bind_without_a_key_is_refused():
+    p = subprocess.run([FRIGG, "serve", "--host", "0.0.0.0", "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert "api-key" in p.stderr
