@@ -5,6 +5,18 @@
 use std::path::PathBuf;
 
 fn main() {
+    // The commit frigg was built from, for `frigg --version` and every benchmark table.
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=FRIGG_GIT_COMMIT={commit}");
+    println!("cargo:rerun-if-changed=.git/HEAD");
+    println!("cargo:rerun-if-changed=.git/refs/heads");
+
     let root = PathBuf::from(std::env::var("DEP_LLAMA_ROOT").expect("llama-cpp-sys-2 exports DEP_LLAMA_ROOT"));
     let include = root.join("include");
     let sources: Vec<PathBuf> = std::fs::read_dir("ggml-ext")

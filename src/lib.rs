@@ -18,8 +18,9 @@ pub mod chat;
 /// frigg's version, ggml's version and the compute backends compiled in.
 pub fn long_version() -> String {
     format!(
-        "{} (ggml {}, llama-cpp-sys-2 =0.1.161, backends: {})",
+        "{} (commit {}, ggml {}, llama-cpp-sys-2 =0.1.161, backends: {})",
         env!("CARGO_PKG_VERSION"),
+        env!("FRIGG_GIT_COMMIT"),
         ggml::version(),
         ggml::backend_names().join(", ")
     )
