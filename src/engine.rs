@@ -264,7 +264,7 @@ impl Engine {
         let ctx = Context::new(self.graph_size, self.graph_size)?;
         let gf = ctx.new_graph(self.graph_size);
         let mut io: ext::hrm_step_io = unsafe { std::mem::zeroed() };
-        let mut kv = self.kv_view();
+        let mut kv = self.kv.c_view();
         // SAFETY: the context has room for the graph and its tensors; model and cache tensors
         // outlive the graph (both are owned by self, and graphs are dropped before them).
         let rc = unsafe { ext::hrm_build_forward(ctx.raw(), gf, self.model.c_model(), &mut kv, &step, &mut io) };
@@ -272,13 +272,6 @@ impl Engine {
             return Err(EngineError::Build);
         }
         Ok(Built { step, io, gf, _ctx: ctx })
-    }
-
-    fn kv_view(&self) -> ext::hrm_kv_cache {
-        // The C side only reads through these pointers.
-        let kv = &self.kv as *const KvCache as *mut KvCache;
-        // SAFETY: c_view only takes pointers to the tensor lists, which are not mutated.
-        unsafe { (*kv).c_view() }
     }
 
     /// Runs a built graph with its inputs and returns `n_out` rows of logits.

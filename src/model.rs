@@ -247,14 +247,15 @@ impl KvCache {
         self.bytes() / self.n_stream.max(1)
     }
 
-    /// The C view for the graph builder; valid while `self` lives.
-    pub(crate) fn c_view(&mut self) -> ext::hrm_kv_cache {
+    /// The C view for the graph builder; valid while `self` lives. The builder only reads
+    /// the tensor lists (the C struct's pointers are not const-qualified).
+    pub(crate) fn c_view(&self) -> ext::hrm_kv_cache {
         ext::hrm_kv_cache {
             n_slots: self.k.len() as i32,
             n_ctx: self.cells_per_stream() as i32,
             n_stream: self.n_stream as i32,
-            k: self.k.as_mut_ptr(),
-            v: self.v.as_mut_ptr(),
+            k: self.k.as_ptr() as *mut TensorPtr,
+            v: self.v.as_ptr() as *mut TensorPtr,
         }
     }
 

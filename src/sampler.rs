@@ -183,11 +183,19 @@ impl Sampler {
     }
 }
 
+/// log Σ exp(logits), accumulated in f64.
+pub fn logsumexp(logits: &[f32]) -> f32 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    max + logits.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32
+}
+
 /// log softmax(logits / t) at `i`.
 pub fn log_softmax_at(logits: &[f32], i: usize, t: f32) -> f32 {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let lse: f64 = logits.iter().map(|&x| (((x - max) / t) as f64).exp()).sum::<f64>().ln();
-    ((logits[i] - max) / t) - lse as f32
+    if t == 1.0 {
+        return logits[i] - logsumexp(logits);
+    }
+    let scaled: Vec<f32> = logits.iter().map(|&x| x / t).collect();
+    scaled[i] - logsumexp(&scaled)
 }
 
 #[cfg(test)]

@@ -173,7 +173,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
         seq.generated += 1;
         stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
         if let Some(k) = seq.job.logprobs {
-            let lse = logsumexp(&seq.logits);
+            let lse = crate::sampler::logsumexp(&seq.logits);
             let top = if k > 0 { crate::parity::top_k(&seq.logits, k).into_iter().map(|(id, l)| (id, l - lse)).collect() } else { vec![] };
             seq.pending.push(TokenLogprob { token: c.token, logprob: seq.logits[c.token as usize] - lse, top });
         }
@@ -232,9 +232,4 @@ fn flush(seq: &mut Seq, finish: Finish) {
         let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
     }
     let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish, completion_tokens: seq.generated });
-}
-
-fn logsumexp(v: &[f32]) -> f32 {
-    let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    m + v.iter().map(|&x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32
 }
