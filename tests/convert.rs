@@ -88,6 +88,48 @@ fn split_f32_reads_back_bit_exactly() {
     }
 }
 
+/// The expected f32 values of a GGUF tensor, read from either layout (an independent
+/// restatement of docs/gguf.md's table: packed tensors are row ranges [gate; q; k; v], [gate; up]).
+fn expected(src: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, name: &str, lps: u32) -> Vec<f32> {
+    let split = split_source(name, lps);
+    if let Some((_, v)) = src.get(&split) {
+        return v.clone();
+    }
+    let (prefix, proj) = split.rsplit_once(".weight").map(|(a, _)| a.rsplit_once('.').unwrap()).unwrap();
+    let layer = prefix.rsplit_once('.').map(|(a, _)| a).unwrap(); // "{stack}.layers.{i}"
+    let (packed, index, parts) = match proj {
+        "gate_proj" if prefix.ends_with("self_attn") => ("attn.gqkv_proj", 0, 4),
+        "q_proj" => ("attn.gqkv_proj", 1, 4),
+        "k_proj" => ("attn.gqkv_proj", 2, 4),
+        "v_proj" => ("attn.gqkv_proj", 3, 4),
+        "o_proj" => return src[&format!("{layer}.attn.o_proj.weight")].1.clone(),
+        "gate_proj" => ("mlp.gate_up_proj", 0, 2),
+        "up_proj" => ("mlp.gate_up_proj", 1, 2),
+        other => panic!("{other}"),
+    };
+    let (_, v) = &src[&format!("{layer}.{packed}.weight")];
+    let n = v.len() / parts;
+    v[index * n..(index + 1) * n].to_vec()
+}
+
+#[test]
+fn every_fixture_converts_at_f32_and_reads_back_bit_exactly() {
+    for fixture in ["tiny-packed", "tiny-split", "tiny-packed-bf16", "small-h3l2-packed"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("f32.gguf");
+        convert_to(&ckpt(fixture), &out, OutType::F32);
+        let src = load_source(&ckpt(fixture));
+        let g = GgufFile::open(&out).unwrap();
+        let lps = frigg::arch::HParams::from_gguf(&g).unwrap().layers_per_stack;
+        for t in g.tensors() {
+            assert_eq!(t.ty, GgmlType::F32);
+            let want = expected(&src, &t.name, lps);
+            let got = decode_tensor(&out, &t);
+            assert!(got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{fixture} {}", t.name);
+        }
+    }
+}
+
 #[test]
 fn packed_and_split_give_identical_tensors() {
     let dir = tempfile::tempdir().unwrap();
