@@ -191,7 +191,23 @@ impl Engine {
         let decode: Vec<&Backend> = gpu.iter().copied().chain([&backends[n - 1]]).collect();
         let sched_first = Scheduler::new(&first, graph_size)?;
         let sched_decode = Scheduler::new(&decode, graph_size)?;
-        Ok(Engine { model, kv, sched_first, sched_decode, lens: vec![None; opts.n_stream.max(1)], backends, decode_graph: None, graph_size, dump: None })
+        let mut engine = Engine { model, kv, sched_first, sched_decode, lens: vec![None; opts.n_stream.max(1)], backends, decode_graph: None, graph_size, dump: None };
+        engine.reserve_compute()?;
+        Ok(engine)
+    }
+
+    /// A prompt is prefilled in one forward whatever its length, so the prefill compute buffer
+    /// is sized for a full-context prompt, and the decode buffer for every stream at full
+    /// length, at load time.
+    fn reserve_compute(&mut self) -> Result<(), EngineError> {
+        let n_ctx = self.kv.n_ctx as i32;
+        let worst_first = self.build(ext::hrm_step { n_tokens: n_ctx, n_stream: 1, n_kv: n_ctx, n_out: 1, first: 1 })?;
+        self.sched_first.reserve(worst_first.gf)?;
+        let n_kv = (self.kv.n_ctx.div_ceil(KV_PAD) * KV_PAD).min(self.kv.cells_per_stream()) as i32;
+        let n_stream = self.kv.n_stream as i32;
+        let worst_decode = self.build(ext::hrm_step { n_tokens: 1, n_stream, n_kv, n_out: n_stream, first: 0 })?;
+        self.sched_decode.reserve(worst_decode.gf)?;
+        Ok(())
     }
 
     /// Writes every F32 intermediate whose name contains `filter` to `dir` as .npy, one file
@@ -233,7 +249,10 @@ impl Engine {
 
     /// Compute-buffer bytes currently held.
     pub fn compute_bytes(&self) -> usize {
-        self.backends.iter().map(|b| self.sched_first.buffer_size(b) + self.sched_decode.buffer_size(b)).sum()
+        // backends = [GPU…, CPU for first forwards, CPU for decode]; each scheduler knows only its own.
+        let n = self.backends.len();
+        let gpu: usize = self.backends[..n - 2].iter().map(|b| self.sched_first.buffer_size(b) + self.sched_decode.buffer_size(b)).sum();
+        gpu + self.sched_first.buffer_size(&self.backends[n - 2]) + self.sched_decode.buffer_size(&self.backends[n - 1])
     }
 
     pub fn stream_len(&self, stream: usize) -> Option<usize> {

@@ -411,11 +411,12 @@ fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
     drop(g);
     let mut engine = Engine::load(model, &runner.engine_options(1)?).map_err(|e| e.to_string())?;
     eprintln!(
-        "frigg: {} · {} KV cache {:.1} MiB for {} positions · {} threads",
+        "frigg: {} · {} KV cache {:.1} MiB for {} positions · compute buffers {:.1} MiB · {} threads",
         model.display(),
         format!("{:?}", runner.kv_type).to_lowercase(),
         engine.kv().bytes_per_stream() as f64 / (1 << 20) as f64,
         engine.n_ctx(),
+        engine.compute_bytes() as f64 / (1 << 20) as f64,
         runner.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
     );
     let req = frigg::generate::Request {

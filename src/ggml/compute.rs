@@ -298,6 +298,19 @@ impl Scheduler {
         NonNull::new(p).map(|ptr| Scheduler { ptr, allocated: std::ptr::null_mut() }).ok_or(ComputeError::GraphAlloc)
     }
 
+    /// Sizes the compute buffers for `gf` (a worst-case graph) without running it, so memory
+    /// runs out at start rather than under load.
+    pub fn reserve(&mut self, gf: *mut sys::ggml_cgraph) -> Result<(), ComputeError> {
+        // SAFETY: gf is a live graph; reserve only measures and allocates buffers.
+        let ok = unsafe { sys::ggml_backend_sched_reserve(self.ptr.as_ptr(), gf) };
+        self.allocated = std::ptr::null_mut();
+        if ok {
+            Ok(())
+        } else {
+            Err(ComputeError::GraphAlloc)
+        }
+    }
+
     /// Makes `gf`'s allocation current (a no-op when it already is), so inputs can be set.
     pub fn ensure_allocated(&mut self, gf: *mut sys::ggml_cgraph) -> Result<(), ComputeError> {
         if self.allocated == gf {

@@ -490,14 +490,14 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
     let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
     let eopts = EngineOptions { n_ctx, n_stream: o.slots, ..o.engine.clone() };
     let model_path = o.model.clone();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<usize, String>>();
     let stats2 = stats.clone();
     let tok2 = tok.clone();
     let engine_thread = std::thread::Builder::new()
         .name("frigg-engine".into())
         .spawn(move || match Engine::load(&model_path, &eopts) {
             Ok(engine) => {
-                let _ = ready_tx.send(Ok(()));
+                let _ = ready_tx.send(Ok(engine.compute_bytes()));
                 scheduler::run(engine, tok2, jobs_rx, stats2);
             }
             Err(e) => {
@@ -505,7 +505,8 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
             }
         })
         .map_err(|e| e.to_string())?;
-    ready_rx.recv().map_err(|e| e.to_string())??;
+    let compute_bytes = ready_rx.recv().map_err(|e| e.to_string())??;
+    eprintln!("frigg serve: loaded; compute buffers reserved for a full-context prompt: {:.1} MiB", compute_bytes as f64 / (1u64 << 20) as f64);
 
     let state = web::Data::new(State {
         n_vocab: hp.n_vocab as usize,
