@@ -78,13 +78,34 @@ extern "C" fn on_interrupt(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-/// Ctrl-C / SIGTERM during conversion set a flag; the writer stops at the next block and
-/// removes its temporary file.
-fn install_interrupt_handler() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_interrupt as *const () as usize);
-        libc::signal(libc::SIGTERM, on_interrupt as *const () as usize);
+/// While alive, Ctrl-C / SIGTERM set a flag instead of killing the process; the writer stops at
+/// the next block and removes its temporary file. Dropping restores the previous handlers.
+struct InterruptGuard {
+    previous: [libc::sighandler_t; 2],
+}
+
+impl InterruptGuard {
+    fn install() -> Self {
+        INTERRUPTED.store(false, Ordering::SeqCst);
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            InterruptGuard {
+                previous: [
+                    libc::signal(libc::SIGINT, on_interrupt as *const () as usize),
+                    libc::signal(libc::SIGTERM, on_interrupt as *const () as usize),
+                ],
+            }
+        }
+    }
+}
+
+impl Drop for InterruptGuard {
+    fn drop(&mut self) {
+        // SAFETY: restores the handlers that were installed before.
+        unsafe {
+            libc::signal(libc::SIGINT, self.previous[0]);
+            libc::signal(libc::SIGTERM, self.previous[1]);
+        }
     }
 }
 
@@ -151,7 +172,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     let tmp = parent.join(format!(".{file_name}.tmp-{}", std::process::id()));
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(|e| ConvertError::io(&tmp, e))?;
     let mut guard = TempGuard(Some(tmp.clone()));
-    install_interrupt_handler();
+    let _interrupts = InterruptGuard::install();
 
     let total: u64 = layout.iter().map(|(_, s)| s).sum();
     let bar = if opts.progress {
