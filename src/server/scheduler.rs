@@ -93,6 +93,7 @@ pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: 
             if let Some(job) = next {
                 stats.queued.fetch_sub(1, Ordering::SeqCst);
                 admit(&mut engine, job, &mut active, &stats);
+                stats.busy_slots.store(active.len(), Ordering::SeqCst);
             }
         }
         if active.is_empty() {

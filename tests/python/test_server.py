@@ -187,21 +187,45 @@ def metric(server, name: str) -> float:
     raise KeyError(name)
 
 
-def test_full_queue_answers_429_and_disconnect_frees_the_slot():
+def test_full_queue_answers_429_with_retry_after():
     s = Server("--slots", "1", "--queue", "0")
     try:
+        body = json.dumps({"model": "x", "messages": MSG, "max_tokens": 200, "ignore_eos": True}).encode()
+        results = []
+
+        def fire():
+            results.append(s.post("/v1/chat/completions", body, key="none"))
+
+        threads = [threading.Thread(target=fire) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        statuses = [r[0] for r in results]
+        assert 200 in statuses and 429 in statuses, statuses
+        for status, headers, payload in results:
+            if status == 429:
+                assert headers.get("retry-after") == "1"
+                assert json.loads(payload)["error"]["type"] == "rate_limit_error"
+    finally:
+        assert s.stop() == 0
+
+
+def test_disconnect_cancels_the_request_and_frees_the_slot():
+    s = Server("--slots", "1", "--queue", "4")
+    try:
         c = s.client(key="none")
-        # Occupy the only slot with a long stream, then disconnect after the first chunk.
+        before = metric(s, "frigg_generated_tokens_total")
         stream = c.chat.completions.create(model="x", messages=MSG, max_tokens=200, stream=True, extra_body={"ignore_eos": True})
         next(iter(stream))
-        status, headers, body = s.post("/v1/chat/completions", json.dumps({"model": "x", "messages": MSG, "max_tokens": 4}).encode(), key="none")
-        assert status == 429, body
-        assert headers.get("retry-after") == "1"
         stream.close()
         deadline = time.time() + 30
         while metric(s, "frigg_busy_slots") != 0 and time.time() < deadline:
-            time.sleep(0.1)
+            time.sleep(0.05)
         assert metric(s, "frigg_busy_slots") == 0
+        # Cancelled, not run to completion: far fewer than the 200 tokens asked for.
+        generated = metric(s, "frigg_generated_tokens_total") - before
+        assert generated < 200, generated
         r = c.chat.completions.create(model="x", messages=MSG, max_tokens=4)
         assert r.choices[0].message.content is not None
     finally:
@@ -211,18 +235,27 @@ def test_full_queue_answers_429_and_disconnect_frees_the_slot():
 def test_sigterm_drains_in_flight_streams():
     s = Server("--slots", "2")
     got = {}
+    first_chunk = threading.Event()
 
     def consume():
-        chunks = list(s.client(key="none").chat.completions.create(model="x", messages=MSG, max_tokens=60, temperature=0, stream=True))
-        got["finish"] = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        text = []
+        stream = s.client(key="none").chat.completions.create(model="x", messages=MSG, max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        for ch in stream:
+            first_chunk.set()
+            if ch.choices:
+                text.append(ch.choices[0].delta.content or "")
+                if ch.choices[0].finish_reason:
+                    got["finish"] = ch.choices[0].finish_reason
+        got["text"] = "".join(text)
 
     t = threading.Thread(target=consume)
     t.start()
-    time.sleep(0.5)
-    code = s.stop()
-    t.join(timeout=60)
-    assert code == 0
-    assert got.get("finish"), "the in-flight stream must finish, not be cut"
+    assert first_chunk.wait(timeout=60)
+    s.proc.send_signal(signal.SIGTERM)  # while the stream is in flight
+    t.join(timeout=120)
+    assert s.proc.wait(timeout=120) == 0
+    # drained: the stream ran to its full length instead of being cut
+    assert got.get("finish") == "length", got
 
 
 def test_non_loopback_bind_without_a_key_is_refused():
