@@ -361,6 +361,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// One JSON value per non-empty line; errors name the file and the line.
+fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{} line {}: {e}", path.display(), i + 1)))
+        .collect()
+}
+
 fn exit(r: Result<(), String>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -392,12 +402,7 @@ fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
         let messages: Vec<serde_json::Value> = match (&r.prompt, &r.chat) {
             (Some(p), _) => vec![serde_json::json!({"role": "user", "content": p})],
             (None, Some(f)) => {
-                let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
-                text.lines()
-                    .filter(|l| !l.trim().is_empty())
-                    .enumerate()
-                    .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{} line {}: {e}", f.display(), i + 1)))
-                    .collect::<Result<_, _>>()?
+                read_jsonl(f)?
             }
             (None, None) => return Err("give -p TEXT or --chat FILE".into()),
         };
@@ -464,13 +469,7 @@ fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
 }
 
 fn logits(model: &Path, cases: &Path, out: &Path, full: bool, dump: Option<(PathBuf, String)>, runner: &RunnerArgs) -> Result<(), String> {
-    let text = std::fs::read_to_string(cases).map_err(|e| format!("{}: {e}", cases.display()))?;
-    let parsed: Vec<frigg::parity::Case> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{} line {}: {e}", cases.display(), i + 1)))
-        .collect::<Result<_, _>>()?;
+    let parsed: Vec<frigg::parity::Case> = read_jsonl(cases)?;
     let mut engine = Engine::load(model, &runner.engine_options(1)?).map_err(|e| e.to_string())?;
     if let Some((dir, _)) = &dump {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
