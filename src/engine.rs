@@ -8,7 +8,7 @@
 //! stream for free (later cells are masked); `fork` copies a stream's cells into another.
 
 use crate::arch::HParams;
-use crate::ggml::compute::{self, Backend, ComputeError, Context, Scheduler};
+use crate::ggml::compute::{self, Backend, ComputeError, Graph, Scheduler};
 use crate::ggml::{ext, fill_mask, sys};
 use crate::model::{KvCache, KvType, LoadError, Model};
 use std::path::Path;
@@ -64,8 +64,7 @@ impl Default for EngineOptions {
 struct Built {
     step: ext::hrm_step,
     io: ext::hrm_step_io,
-    gf: *mut sys::ggml_cgraph,
-    _ctx: Context,
+    graph: Graph,
 }
 
 /// Which rows of a first forward get logits.
@@ -202,11 +201,11 @@ impl Engine {
     fn reserve_compute(&mut self) -> Result<(), EngineError> {
         let n_ctx = self.kv.n_ctx as i32;
         let worst_first = self.build(ext::hrm_step { n_tokens: n_ctx, n_stream: 1, n_kv: n_ctx, n_out: 1, first: 1 })?;
-        self.sched_first.reserve(worst_first.gf)?;
+        self.sched_first.reserve(&worst_first.graph)?;
         let n_kv = (self.kv.n_ctx.div_ceil(KV_PAD) * KV_PAD).min(self.kv.cells_per_stream()) as i32;
         let n_stream = self.kv.n_stream as i32;
         let worst_decode = self.build(ext::hrm_step { n_tokens: 1, n_stream, n_kv, n_out: n_stream, first: 0 })?;
-        self.sched_decode.reserve(worst_decode.gf)?;
+        self.sched_decode.reserve(&worst_decode.graph)?;
         Ok(())
     }
 
@@ -280,23 +279,22 @@ impl Engine {
     }
 
     fn build(&self, step: ext::hrm_step) -> Result<Built, EngineError> {
-        let ctx = Context::new(self.graph_size, self.graph_size)?;
-        let gf = ctx.new_graph(self.graph_size);
+        let graph = Graph::new(self.graph_size)?;
         let mut io: ext::hrm_step_io = unsafe { std::mem::zeroed() };
         let mut kv = self.kv.c_view();
         // SAFETY: the context has room for the graph and its tensors; model and cache tensors
         // outlive the graph (both are owned by self, and graphs are dropped before them).
-        let rc = unsafe { ext::hrm_build_forward(ctx.raw(), gf, self.model.c_model(), &mut kv, &step, &mut io) };
+        let rc = unsafe { ext::hrm_build_forward(graph.ctx_raw(), graph.raw(), self.model.c_model(), &mut kv, &step, &mut io) };
         if rc != 0 {
             return Err(EngineError::Build);
         }
-        Ok(Built { step, io, gf, _ctx: ctx })
+        Ok(Built { step, io, graph })
     }
 
     /// Runs a built graph with its inputs and returns `n_out` rows of logits.
     fn run(&mut self, first: bool, built: &Built, tokens: &[i32], pos: &[i32], rows: &[i64], mask: &[u16], out: &[i32]) -> Result<Vec<Vec<f32>>, EngineError> {
         let sched = if first { &mut self.sched_first } else { &mut self.sched_decode };
-        sched.ensure_allocated(built.gf)?;
+        sched.ensure_allocated(&built.graph)?;
         let io = &built.io;
         // SAFETY: each input tensor was created with exactly these element counts and types
         // (I32, I32, I64, F16, I32) by hrm_build_forward for this step shape.
@@ -307,7 +305,7 @@ impl Engine {
             compute::tensor_set(io.mask, bytes_of(mask), 0);
             compute::tensor_set(io.out_rows, bytes_of(out), 0);
         }
-        sched.compute(built.gf)?;
+        sched.compute(&built.graph)?;
         if let Some(d) = self.dump.as_mut() {
             d.forward += 1;
         }
@@ -351,7 +349,7 @@ impl Engine {
         assert!(fill_mask(&mut mask, n, n, &pos, token_types), "mask arguments are consistent by construction");
         let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let logits = self.run(true, &built, &toks, &pos, &kv_rows, &mask, &out);
-        self.sched_first.forget(built.gf);
+        self.sched_first.forget(&built.graph);
         let logits = logits?;
         self.lens[stream] = Some(n);
         Ok(logits)
@@ -391,7 +389,7 @@ impl Engine {
         let reuse = self.decode_graph.as_ref().is_some_and(|b| steps_equal(&b.step, &step));
         if !reuse {
             if let Some(old) = self.decode_graph.take() {
-                self.sched_decode.forget(old.gf);
+                self.sched_decode.forget(&old.graph);
             }
             self.decode_graph = Some(self.build(step)?);
         }
@@ -476,7 +474,7 @@ fn bytes_of_mut(v: &mut [f32]) -> &mut [u8] {
 impl Drop for Engine {
     fn drop(&mut self) {
         if let Some(b) = self.decode_graph.take() {
-            self.sched_decode.forget(b.gf);
+            self.sched_decode.forget(&b.graph);
         }
     }
 }

@@ -240,10 +240,34 @@ impl Context {
         n
     }
 
-    /// A graph with room for `size` nodes in this context.
-    pub fn new_graph(&self, size: usize) -> *mut sys::ggml_cgraph {
+}
+
+/// A compute graph and the context holding its tensors; the graph lives as long as this value.
+#[derive(Debug)]
+pub struct Graph {
+    gf: NonNull<sys::ggml_cgraph>,
+    ctx: Context,
+}
+
+// SAFETY: owned by the engine thread with its context.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Room for `size` nodes (and as many tensors).
+    pub fn new(size: usize) -> Result<Graph, ComputeError> {
+        let ctx = Context::new(size, size)?;
         // SAFETY: the context was sized with ggml_graph_overhead_custom(size).
-        unsafe { sys::ggml_new_graph_custom(self.raw(), size, false) }
+        let gf = unsafe { sys::ggml_new_graph_custom(ctx.raw(), size, false) };
+        let gf = NonNull::new(gf).ok_or(ComputeError::ContextInit)?;
+        Ok(Graph { gf, ctx })
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_cgraph {
+        self.gf.as_ptr()
+    }
+
+    pub(crate) fn ctx_raw(&self) -> *mut sys::ggml_context {
+        self.ctx.raw()
     }
 }
 
@@ -298,11 +322,11 @@ impl Scheduler {
         NonNull::new(p).map(|ptr| Scheduler { ptr, allocated: std::ptr::null_mut() }).ok_or(ComputeError::GraphAlloc)
     }
 
-    /// Sizes the compute buffers for `gf` (a worst-case graph) without running it, so memory
+    /// Sizes the compute buffers for `g` (a worst-case graph) without running it, so memory
     /// runs out at start rather than under load.
-    pub fn reserve(&mut self, gf: *mut sys::ggml_cgraph) -> Result<(), ComputeError> {
-        // SAFETY: gf is a live graph; reserve only measures and allocates buffers.
-        let ok = unsafe { sys::ggml_backend_sched_reserve(self.ptr.as_ptr(), gf) };
+    pub fn reserve(&mut self, g: &Graph) -> Result<(), ComputeError> {
+        // SAFETY: g is a live graph; reserve only measures and allocates buffers.
+        let ok = unsafe { sys::ggml_backend_sched_reserve(self.ptr.as_ptr(), g.raw()) };
         self.allocated = std::ptr::null_mut();
         if ok {
             Ok(())
@@ -311,12 +335,13 @@ impl Scheduler {
         }
     }
 
-    /// Makes `gf`'s allocation current (a no-op when it already is), so inputs can be set.
-    pub fn ensure_allocated(&mut self, gf: *mut sys::ggml_cgraph) -> Result<(), ComputeError> {
+    /// Makes `g`'s allocation current (a no-op when it already is), so inputs can be set.
+    pub fn ensure_allocated(&mut self, g: &Graph) -> Result<(), ComputeError> {
+        let gf = g.raw();
         if self.allocated == gf {
             return Ok(());
         }
-        // SAFETY: gf is a live graph whose tensors belong to a live context.
+        // SAFETY: gf is a live graph whose tensors belong to its live context.
         unsafe {
             sys::ggml_backend_sched_reset(self.ptr.as_ptr());
             if !sys::ggml_backend_sched_alloc_graph(self.ptr.as_ptr(), gf) {
@@ -328,11 +353,11 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Runs an allocated graph.
-    pub fn compute(&mut self, gf: *mut sys::ggml_cgraph) -> Result<(), ComputeError> {
-        self.ensure_allocated(gf)?;
-        // SAFETY: gf is allocated by this scheduler.
-        let st = unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), gf) };
+    /// Runs a graph (allocating it first when needed).
+    pub fn compute(&mut self, g: &Graph) -> Result<(), ComputeError> {
+        self.ensure_allocated(g)?;
+        // SAFETY: g is allocated by this scheduler.
+        let st = unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), g.raw()) };
         if st != sys::GGML_STATUS_SUCCESS {
             return Err(ComputeError::Compute(st));
         }
@@ -340,8 +365,8 @@ impl Scheduler {
     }
 
     /// Forgets the current allocation (call before dropping the graph it belongs to).
-    pub fn forget(&mut self, gf: *mut sys::ggml_cgraph) {
-        if self.allocated == gf {
+    pub fn forget(&mut self, g: &Graph) {
+        if self.allocated == g.raw() {
             // SAFETY: valid scheduler.
             unsafe { sys::ggml_backend_sched_reset(self.ptr.as_ptr()) };
             self.allocated = std::ptr::null_mut();
