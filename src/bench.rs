@@ -24,19 +24,19 @@ pub fn machine() -> Machine {
     let field = |name: &str| cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string());
     let flags = field("flags").unwrap_or_default();
     let wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "f16c", "fma"];
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem_kb: f64 = meminfo
-        .lines()
-        .find(|l| l.starts_with("MemTotal"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
     Machine {
         cpu: field("model name").unwrap_or_else(|| "unknown".into()),
         cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        mem_gib: mem_kb / (1024.0 * 1024.0),
+        mem_gib: meminfo_bytes("MemTotal").unwrap_or(0) as f64 / (1u64 << 30) as f64,
         cpu_flags: flags.split_whitespace().filter(|f| wanted.contains(f)).map(str::to_string).collect(),
     }
+}
+
+/// A /proc/meminfo field ("MemTotal", "MemAvailable", …) in bytes.
+pub fn meminfo_bytes(field: &str) -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = m.lines().find(|l| l.split(':').next() == Some(field))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// The 1-minute load average.

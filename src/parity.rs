@@ -44,10 +44,21 @@ pub fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
+/// The `k` largest entries, largest first (ties: lower id first). Selects before sorting, so
+/// per-token logprobs over a 262k vocabulary do not sort the whole row.
 pub fn top_k(v: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let order = |a: &u32, b: &u32| v[*b as usize].total_cmp(&v[*a as usize]).then(a.cmp(b));
     let mut idx: Vec<u32> = (0..v.len() as u32).collect();
-    idx.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
-    idx.into_iter().take(k).map(|i| (i, v[i as usize])).collect()
+    let k = k.min(idx.len());
+    if k == 0 {
+        return vec![];
+    }
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(order);
+    idx.into_iter().map(|i| (i, v[i as usize])).collect()
 }
 
 /// Runs one case on stream 0: the first forward with the case's mask, then `max_new` greedy

@@ -431,12 +431,6 @@ pub fn kv_bytes(hp: &crate::arch::HParams, n_ctx: usize, slots: usize, kv: crate
     2 * hp.n_slots() as u64 * ((n_ctx + 1) * slots) as u64 * row
 }
 
-fn mem_available() -> Option<u64> {
-    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = m.lines().find(|l| l.starts_with("MemAvailable"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// Loads the model, checks the memory budget, starts the engine thread and the HTTP server;
 /// returns when the server has shut down (SIGINT/SIGTERM) and in-flight work has finished.
 pub fn serve(o: ServeOptions) -> Result<(), String> {
@@ -466,7 +460,7 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         compute as f64 / (1u64 << 30) as f64,
         need as f64 / (1u64 << 30) as f64
     );
-    if let Some(avail) = mem_available() {
+    if let Some(avail) = crate::bench::meminfo_bytes("MemAvailable") {
         if need + need / 10 > avail {
             return Err(format!(
                 "this configuration needs about {:.2} GiB (+10% headroom) but {:.2} GiB is available; lower --slots, --ctx or use --kv-type q8_0",
