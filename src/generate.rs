@@ -34,6 +34,8 @@ pub struct Request {
 pub enum Finish {
     Stop,
     Length,
+    /// The turn ended after tool calls (OpenAI's `tool_calls`).
+    ToolCalls,
 }
 
 #[derive(Debug, Clone)]

@@ -14,6 +14,7 @@ pub mod sampler;
 pub mod server;
 pub mod tokenizer;
 pub mod chat;
+pub mod constrain;
 
 /// frigg's version, ggml's version and the compute backends compiled in.
 pub fn long_version() -> String {

@@ -127,6 +127,31 @@ impl Sampler {
     /// Chooses the next token from raw logits (modified in place by bias and penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> Choice {
         self.adjust(logits);
+        self.draw(logits)
+    }
+
+    /// As `sample`, among the tokens `allowed` accepts (constrained decoding). The first draw
+    /// is unconstrained and kept if allowed — without top-k/top-p/min-p that is exactly a draw
+    /// from the masked distribution — else every disallowed logit is set to -inf and the draw
+    /// repeated. None if no token is allowed.
+    pub fn sample_allowed(&mut self, logits: &mut [f32], allowed: impl Fn(u32) -> bool) -> Option<Choice> {
+        self.adjust(logits);
+        let first = self.draw(logits);
+        if allowed(first.token) {
+            return Some(first);
+        }
+        let mut any = false;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if allowed(i as u32) {
+                any = true;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        any.then(|| self.draw(logits))
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> Choice {
         if self.params.is_greedy() {
             let token = crate::parity::argmax(logits);
             return Choice { token, logprob: log_softmax_at(logits, token as usize, 1.0) };
@@ -135,7 +160,7 @@ impl Sampler {
         let r: f32 = self.rng.random::<f32>();
         let mut acc = 0.0f32;
         let mut last = probs[0];
-        for &(id, p) in &probs {
+        for &(id, p) in probs.iter().filter(|x| x.1 > 0.0) {
             acc += p;
             last = (id, p);
             if r < acc {

@@ -32,6 +32,8 @@ pub struct Tokenizer {
     pub eos: Vec<u32>,
     pub add_bos: bool,
     pub mistral_regex: bool,
+    /// Every token as bytes (or special), built on first use by constrained decoding.
+    pieces: std::sync::OnceLock<Vec<crate::constrain::Piece>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -72,7 +74,7 @@ impl Tokenizer {
     pub fn from_json(json: &str, bos: Option<u32>, eos: Vec<u32>, add_bos: bool, mistral_regex: bool) -> Result<Tokenizer, TokenizerError> {
         let text = if mistral_regex { patch_mistral_regex(json)? } else { json.to_string() };
         let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes()).map_err(|e| TokenizerError::Load(e.to_string()))?;
-        let t = Tokenizer { inner, bos, eos, add_bos, mistral_regex };
+        let t = Tokenizer { inner, bos, eos, add_bos, mistral_regex, pieces: Default::default() };
         t.probe()?;
         Ok(t)
     }
@@ -132,6 +134,34 @@ impl Tokenizer {
 
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The id of a token given its text (`<|tool_call>`).
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
+    /// Each token's bytes as it appears in decoded text: byte-fallback tokens `<0xAB>` as
+    /// their byte, special tokens as `Special`.
+    pub fn pieces(&self) -> &[crate::constrain::Piece] {
+        use crate::constrain::Piece;
+        self.pieces.get_or_init(|| {
+            let added = self.inner.get_added_tokens_decoder();
+            (0..self.vocab_size() as u32)
+                .map(|id| {
+                    if added.get(&id).is_some_and(|t| t.special) {
+                        return Piece::Special;
+                    }
+                    let text = self.inner.id_to_token(id).unwrap_or_default();
+                    if let Some(hex) = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+                        if let Ok(b) = u8::from_str_radix(hex, 16) {
+                            return Piece::Bytes(vec![b]);
+                        }
+                    }
+                    Piece::Bytes(self.decode(&[id], false).unwrap_or_default().into_bytes())
+                })
+                .collect()
+        })
     }
 
     pub fn vocab_size(&self) -> usize {

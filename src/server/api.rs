@@ -50,6 +50,20 @@ pub struct Parsed {
     pub logprobs: Option<usize>,
     /// Extension (as vLLM's): keep generating past end-of-turn tokens.
     pub ignore_eos: bool,
+    /// Declared tools (OpenAI shape), rendered into the prompt unless `tool_choice` is none.
+    pub tools: Vec<Value>,
+    pub tool_choice: ToolChoiceParam,
+    pub parallel_tool_calls: bool,
+    /// `response_format: json_object`.
+    pub json_object: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoiceParam {
+    None,
+    Auto,
+    Required,
+    Named(String),
 }
 
 pub enum Kind {
@@ -79,7 +93,12 @@ pub fn parse(body: &Map<String, Value>, kind: Kind, n_vocab: usize) -> Result<Pa
         include_usage: false,
         logprobs: None,
         ignore_eos: false,
+        tools: vec![],
+        tool_choice: ToolChoiceParam::Auto,
+        parallel_tool_calls: true,
+        json_object: false,
     };
+    let mut tool_choice: Option<ToolChoiceParam> = None;
     let mut want_logprobs = false;
     let mut top_logprobs = 0usize;
     for (k, v) in body {
@@ -105,11 +124,8 @@ pub fn parse(body: &Map<String, Value>, kind: Kind, n_vocab: usize) -> Result<Pa
                             }
                         }
                     }
-                    if m.get("tool_calls").is_some_and(|t| !t.is_null()) || role == "tool" {
-                        return Err(ApiError::unsupported("messages", "tool calls are not implemented yet"));
-                    }
                 }
-                p.messages = Some(msgs.clone());
+                p.messages = Some(tool_history(msgs)?);
             }
             ("prompt", Kind::Completion) => match v {
                 Value::String(s) => p.prompt_text = Some(s.clone()),
@@ -169,18 +185,28 @@ pub fn parse(body: &Map<String, Value>, kind: Kind, n_vocab: usize) -> Result<Pa
                 want_logprobs = true;
                 top_logprobs = uint(v, k)?;
             }
-            ("response_format", _) => {
-                let ty = v.get("type").and_then(Value::as_str).unwrap_or("");
-                if ty != "text" {
-                    return Err(ApiError::unsupported("response_format", "constrained decoding (json_object, json_schema) is not implemented; refused rather than ignored"));
-                }
+            ("response_format", _) => match v.get("type").and_then(Value::as_str) {
+                Some("text") => {}
+                Some("json_object") => p.json_object = true,
+                Some("json_schema") => return Err(ApiError::unsupported("response_format", "json_schema is not enforced by frigg (json_object is); refused rather than ignored")),
+                _ => return Err(ApiError::invalid("`response_format.type` must be text, json_object or json_schema", Some("response_format"))),
+            },
+            ("tools", Kind::Chat) => p.tools = parse_tools(v)?,
+            ("tool_choice", Kind::Chat) => {
+                tool_choice = Some(match v {
+                    Value::String(s) if s == "none" => ToolChoiceParam::None,
+                    Value::String(s) if s == "auto" => ToolChoiceParam::Auto,
+                    Value::String(s) if s == "required" => ToolChoiceParam::Required,
+                    Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+                        match o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+                            Some(n) => ToolChoiceParam::Named(n.to_string()),
+                            None => return Err(ApiError::invalid("`tool_choice.function.name` is required", Some("tool_choice"))),
+                        }
+                    }
+                    _ => return Err(ApiError::invalid("`tool_choice` must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}", Some("tool_choice"))),
+                })
             }
-            ("tools" | "tool_choice" | "parallel_tool_calls" | "functions" | "function_call", _) => {
-                let empty = matches!(v, Value::Array(a) if a.is_empty()) || v == "none" || (k == "parallel_tool_calls");
-                if !empty {
-                    return Err(ApiError::unsupported(k, "tool calling is not implemented yet"));
-                }
-            }
+            ("parallel_tool_calls", Kind::Chat) => p.parallel_tool_calls = v.as_bool().ok_or_else(|| ApiError::invalid("`parallel_tool_calls` must be a boolean", Some("parallel_tool_calls")))?,
             ("ignore_eos", _) => p.ignore_eos = v.as_bool().ok_or_else(|| ApiError::invalid("`ignore_eos` must be a boolean", Some("ignore_eos")))?,
             ("echo", Kind::Completion) if v == &Value::Bool(false) => {}
             ("best_of", Kind::Completion) if v.as_u64() == Some(1) => {}
@@ -196,6 +222,18 @@ pub fn parse(body: &Map<String, Value>, kind: Kind, n_vocab: usize) -> Result<Pa
     } else if top_logprobs > 0 && matches!(kind, Kind::Chat) {
         return Err(ApiError::invalid("`top_logprobs` requires `logprobs: true`", Some("top_logprobs")));
     }
+    match (tool_choice, p.tools.is_empty()) {
+        (Some(ToolChoiceParam::None) | None, true) => p.tool_choice = ToolChoiceParam::None,
+        (Some(_), true) => return Err(ApiError::invalid("`tool_choice` needs `tools`", Some("tool_choice"))),
+        (Some(ToolChoiceParam::Named(n)), false) if !p.tools.iter().any(|t| t["function"]["name"] == n.as_str()) => {
+            return Err(ApiError::invalid(format!("`tool_choice` names `{n}`, which is not among `tools`"), Some("tool_choice")));
+        }
+        (Some(c), false) => p.tool_choice = c,
+        (None, false) => p.tool_choice = ToolChoiceParam::Auto,
+    }
+    if p.json_object && p.tool_choice != ToolChoiceParam::None {
+        return Err(ApiError::invalid("`response_format: json_object` and tool calls cannot be combined", Some("response_format")));
+    }
     match kind {
         Kind::Chat if p.messages.is_none() => return Err(ApiError::invalid("`messages` is required", Some("messages"))),
         Kind::Completion if p.prompt_text.is_none() && p.prompt_ids.is_none() => return Err(ApiError::invalid("`prompt` is required", Some("prompt"))),
@@ -206,4 +244,78 @@ pub fn parse(body: &Map<String, Value>, kind: Kind, n_vocab: usize) -> Result<Pa
         ApiError { status: 400, kind: "invalid_request_error", message: m, param, code: None }
     })?;
     Ok(p)
+}
+
+/// Validates `tools`: a list of `{"type": "function", "function": {"name", "description",
+/// "parameters"}}` with distinct names the call grammar can match (letters, digits, `_`, `-`, `.`).
+fn parse_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
+    let bad = |m: String| ApiError::invalid(m, Some("tools"));
+    let list = v.as_array().ok_or_else(|| bad("`tools` must be a list".into()))?;
+    let mut names = std::collections::HashSet::new();
+    for (i, t) in list.iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(bad(format!("tools[{i}].type must be \"function\"")));
+        }
+        let name = t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or("");
+        let ok = !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if !ok {
+            return Err(bad(format!("tools[{i}].function.name {name:?} must be 1-64 letters, digits, _, - or .")));
+        }
+        if !names.insert(name) {
+            return Err(bad(format!("tools[{i}].function.name `{name}` is declared twice")));
+        }
+        if let Some(params) = t["function"].get("parameters") {
+            if !params.is_object() && !params.is_null() {
+                return Err(bad(format!("tools[{i}].function.parameters must be a JSON Schema object")));
+            }
+        }
+    }
+    Ok(list.clone())
+}
+
+/// Checks a conversation's tool history and parses each assistant tool call's `arguments`
+/// (a JSON string on the wire) into an object, as the chat template renders mappings.
+/// A `tool` message must answer a call made earlier in the conversation.
+fn tool_history(msgs: &[Value]) -> Result<Vec<Value>, ApiError> {
+    let bad = |m: String| ApiError::invalid(m, Some("messages"));
+    let mut call_ids = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let mut m = m.clone();
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("").to_string();
+        if let Some(calls) = m.get_mut("tool_calls").filter(|c| !c.is_null()) {
+            if role != "assistant" {
+                return Err(bad(format!("messages[{i}]: only assistant messages carry tool_calls")));
+            }
+            let calls = calls.as_array_mut().ok_or_else(|| bad(format!("messages[{i}].tool_calls must be a list")))?;
+            for (j, c) in calls.iter_mut().enumerate() {
+                let f = c.get_mut("function").filter(|f| f.is_object()).ok_or_else(|| bad(format!("messages[{i}].tool_calls[{j}].function is required")))?;
+                if !f.get("name").is_some_and(Value::is_string) {
+                    return Err(bad(format!("messages[{i}].tool_calls[{j}].function.name is required")));
+                }
+                let args = match f.get("arguments") {
+                    Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Default::default()),
+                    Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| bad(format!("messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: {e}")))?,
+                    Some(v @ Value::Object(_)) => v.clone(),
+                    None | Some(Value::Null) => Value::Object(Default::default()),
+                    Some(_) => return Err(bad(format!("messages[{i}].tool_calls[{j}].function.arguments must be a JSON object (or its text)"))),
+                };
+                if !args.is_object() {
+                    return Err(bad(format!("messages[{i}].tool_calls[{j}].function.arguments must be a JSON object")));
+                }
+                f["arguments"] = args;
+                if let Some(id) = c.get("id").and_then(Value::as_str) {
+                    call_ids.insert(id.to_string());
+                }
+            }
+        }
+        if role == "tool" {
+            let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
+            if !call_ids.contains(id) {
+                return Err(bad(format!("messages[{i}]: tool message answers tool_call_id {id:?}, which no earlier assistant tool call has")));
+            }
+        }
+        out.push(m);
+    }
+    Ok(out)
 }

@@ -219,7 +219,8 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
             let Some(t) = &st.template else {
                 return error_response(&st, &ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages")));
             };
-            match t.render(msgs, None, true).map_err(|e| e.to_string()).and_then(|text| st.tok.encode(&text).map_err(|e| e.to_string())) {
+            let tools = (p.tool_choice != api::ToolChoiceParam::None).then_some(p.tools.as_slice());
+            match t.render(msgs, tools, true).map_err(|e| e.to_string()).and_then(|text| st.tok.encode(&text).map_err(|e| e.to_string())) {
                 Ok(ids) => ids,
                 Err(e) => return error_response(&st, &ApiError::invalid(e, Some("messages"))),
             }
@@ -255,6 +256,23 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
     if p.n > st.slots {
         return error_response(&st, &ApiError::invalid(format!("`n` = {} exceeds the server's {} slots", p.n, st.slots), Some("n")));
     }
+    let grammar = if p.json_object {
+        Some(scheduler::GrammarSpec::JsonObject)
+    } else if p.tool_choice != api::ToolChoiceParam::None {
+        let id = |t: &str| st.tok.token_id(t);
+        let Some(ids) = (|| Some(crate::constrain::ToolTokens { call_open: id("<|tool_call>")?, call_close: id("<tool_call|>")?, response_open: id("<|tool_response>")?, quote: id("<|\"|>")? }))() else {
+            return error_response(&st, &ApiError::unsupported("tools", "this model's vocabulary lacks Gemma-4's tool-call tokens"));
+        };
+        let choice = match &p.tool_choice {
+            api::ToolChoiceParam::Required => crate::constrain::ToolChoice::Required,
+            api::ToolChoiceParam::Named(n) => crate::constrain::ToolChoice::Named(n.clone()),
+            _ => crate::constrain::ToolChoice::Auto,
+        };
+        let names = p.tools.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_string)).collect();
+        Some(scheduler::GrammarSpec::Tools { ids, names, choice, parallel: p.parallel_tool_calls })
+    } else {
+        None
+    };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, st.next_id.fetch_add(1, Ordering::Relaxed));
     let prompt_tokens = prompt.len();
@@ -267,6 +285,7 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
         stops: p.stops.clone(),
         logprobs: p.logprobs,
         ignore_eos: p.ignore_eos,
+        grammar,
         events: tx,
         enqueued: Instant::now(),
     };
@@ -327,6 +346,18 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
                                    "choices": [{"index": choice, "text": text, "logprobs": lp, "finish_reason": null}]})
                         }
                     }
+                    Event::ToolName { choice, index, id: call_id, name } => {
+                        if first {
+                            st2.ttft.observe(enqueued.elapsed().as_secs_f64());
+                            first = false;
+                        }
+                        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [{"index": choice, "delta": {"role": "assistant", "tool_calls": [{"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]}, "logprobs": null, "finish_reason": null}]})
+                    }
+                    Event::ToolArgs { choice, index, arguments } => {
+                        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [{"index": choice, "delta": {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}, "logprobs": null, "finish_reason": null}]})
+                    }
                     Event::Done { choice, finish, completion_tokens: n } => {
                         done += 1;
                         completion_tokens += n;
@@ -368,6 +399,7 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
     let mut texts = vec![String::new(); p.n];
     let mut lps: Vec<Vec<Value>> = vec![vec![]; p.n];
     let mut finishes: Vec<Option<Finish>> = vec![None; p.n];
+    let mut calls: Vec<Vec<Value>> = vec![vec![]; p.n];
     let mut completion_tokens = 0;
     let mut first = true;
     while let Some(ev) = rx.recv().await {
@@ -380,6 +412,14 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
                 }
                 texts[choice].push_str(&text);
                 lps[choice].extend(tokens.iter().map(&logprob_json));
+            }
+            Event::ToolName { choice, index: _, id: call_id, name } => {
+                calls[choice].push(json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}));
+            }
+            Event::ToolArgs { choice, index, arguments } => {
+                if let Some(c) = calls[choice].get_mut(index) {
+                    c["function"]["arguments"] = Value::String(arguments);
+                }
             }
             Event::Done { choice, finish, completion_tokens: n } => {
                 finishes[choice] = Some(finish);
@@ -405,7 +445,14 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
             let reason = finishes[i].map(finish_reason);
             let lp = p.logprobs.is_some().then(|| json!({"content": lps[i]}));
             if chat {
-                json!({"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": lp, "finish_reason": reason})
+                let mut message = json!({"role": "assistant", "content": texts[i]});
+                if !calls[i].is_empty() {
+                    if texts[i].is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = Value::Array(calls[i].clone());
+                }
+                json!({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
             } else {
                 json!({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reason})
             }
@@ -422,6 +469,7 @@ fn finish_reason(f: Finish) -> &'static str {
     match f {
         Finish::Stop => "stop",
         Finish::Length => "length",
+        Finish::ToolCalls => "tool_calls",
     }
 }
 

@@ -2,6 +2,7 @@
 //! between decode steps, so running streams are never starved), decodes every active sequence
 //! in one batched step, and sends each piece of text back as soon as it is final.
 
+use crate::constrain::{JsonMachine, ToolChoice, ToolEvent, ToolMachine, ToolTokens};
 use crate::engine::{Engine, Rows};
 use crate::generate::Finish;
 use crate::sampler::{Sampler, SamplingParams};
@@ -24,8 +25,24 @@ pub struct Job {
     /// Top alternatives to report per token (OpenAI top_logprobs); None = no logprobs.
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+    pub grammar: Option<GrammarSpec>,
     pub events: UnboundedSender<Event>,
     pub enqueued: Instant,
+}
+
+/// Constrained decoding a request asks for.
+#[derive(Debug, Clone)]
+pub enum GrammarSpec {
+    /// `response_format: json_object`: one JSON object, closed within max_tokens.
+    JsonObject,
+    /// Declared tools: calls the model makes are well-formed and parsed into `tool_calls`.
+    Tools { ids: ToolTokens, names: Vec<String>, choice: ToolChoice, parallel: bool },
+}
+
+#[derive(Debug, Clone)]
+enum Grammar {
+    Json(JsonMachine),
+    Tools(ToolMachine),
 }
 
 /// What the engine sends back for a request.
@@ -34,6 +51,10 @@ pub enum Event {
     /// The prompt was prefilled (time to first token starts counting at enqueue).
     Started,
     Piece { choice: usize, text: String, tokens: Vec<TokenLogprob> },
+    /// A tool call began: its index within the choice, id and function name.
+    ToolName { choice: usize, index: usize, id: String, name: String },
+    /// A tool call ended: its arguments as a JSON string.
+    ToolArgs { choice: usize, index: usize, arguments: String },
     Done { choice: usize, finish: Finish, completion_tokens: usize },
     Error(String),
 }
@@ -66,6 +87,7 @@ struct Seq {
     generated: usize,
     /// Logprobs of tokens whose text the decoder still holds back.
     pending: Vec<TokenLogprob>,
+    grammar: Option<Grammar>,
 }
 
 /// Runs until `jobs` disconnects (shutdown) and every active sequence has finished or been
@@ -149,6 +171,10 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
             logits: logits.clone(),
             generated: 0,
             pending: vec![],
+            grammar: job.grammar.clone().map(|g| match g {
+                GrammarSpec::JsonObject => Grammar::Json(JsonMachine::default()),
+                GrammarSpec::Tools { ids, names, choice, parallel } => Grammar::Tools(ToolMachine::new(ids, names, choice, parallel)),
+            }),
         });
     }
 }
@@ -164,15 +190,91 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
         }
         // sample() applies bias and penalties to the logits in place; logprobs report that
         // adjusted distribution at temperature 1, as OpenAI's do.
-        let c = seq.sampler.sample(&mut seq.logits);
+        let remaining = seq.job.max_tokens - seq.generated;
+        let c = match &seq.grammar {
+            None => seq.sampler.sample(&mut seq.logits),
+            Some(g) => {
+                let pieces = tok.pieces();
+                let ignore_eos = seq.job.ignore_eos;
+                let allowed = |t: u32| {
+                    let piece = &pieces[t as usize];
+                    match g {
+                        Grammar::Json(j) => j.allows(piece, remaining),
+                        Grammar::Tools(m) => m.allows(t, piece, tok.is_eos(t) && !ignore_eos, remaining),
+                    }
+                };
+                match seq.sampler.sample_allowed(&mut seq.logits, allowed) {
+                    Some(c) => c,
+                    None => {
+                        let _ = seq.job.events.send(Event::Error("constrained decoding: no token in the vocabulary is allowed here".into()));
+                        finished.push(i);
+                        continue;
+                    }
+                }
+            }
+        };
+        let tool_calls = match &seq.grammar {
+            Some(Grammar::Tools(m)) => m.calls,
+            _ => 0,
+        };
+        let finish_on_eos = if tool_calls > 0 { Finish::ToolCalls } else { Finish::Stop };
         if !seq.job.ignore_eos && tok.is_eos(c.token) {
-            flush(seq, Finish::Stop);
+            flush(seq, finish_on_eos);
             finished.push(i);
             continue;
         }
         seq.sampler.accept(c.token);
         seq.generated += 1;
         stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let mut text_token = true;
+        let mut grammar_done = None;
+        match &mut seq.grammar {
+            None => {}
+            Some(Grammar::Json(j)) => {
+                j.advance(&tok.pieces()[c.token as usize]);
+                if j.is_done() {
+                    grammar_done = Some(Finish::Stop);
+                }
+            }
+            Some(Grammar::Tools(m)) => {
+                let was_text = !m.in_call();
+                let ev = m.advance(c.token, &tok.pieces()[c.token as usize]);
+                text_token = ev == ToolEvent::Text;
+                if was_text && !text_token {
+                    // text held back for stop strings is final once a call starts
+                    let rest = seq.decoder.flush();
+                    let tokens = std::mem::take(&mut seq.pending);
+                    if !rest.is_empty() || !tokens.is_empty() {
+                        let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
+                    }
+                }
+                let index = m.calls.saturating_sub(1);
+                match ev {
+                    ToolEvent::Name(name) => {
+                        let id = format!("call_{}_{}_{}", seq.job.id, seq.choice, m.calls);
+                        let _ = seq.job.events.send(Event::ToolName { choice: seq.choice, index: m.calls, id, name });
+                    }
+                    ToolEvent::Call { arguments, .. } => {
+                        let _ = seq.job.events.send(Event::ToolArgs { choice: seq.choice, index, arguments: arguments.to_string() });
+                    }
+                    ToolEvent::End => grammar_done = Some(Finish::ToolCalls),
+                    ToolEvent::Text | ToolEvent::Markup => {}
+                }
+            }
+        }
+        if !text_token {
+            if let Some(f) = grammar_done {
+                flush(seq, f);
+                finished.push(i);
+            } else if seq.generated >= seq.job.max_tokens {
+                let complete_calls = matches!(&seq.grammar, Some(Grammar::Tools(m)) if m.after_call());
+                flush(seq, if complete_calls { Finish::ToolCalls } else { Finish::Length });
+                finished.push(i);
+            } else {
+                batch.push((seq.stream, c.token, i));
+            }
+            continue;
+        }
         if let Some(k) = seq.job.logprobs {
             let lse = crate::sampler::logsumexp(&seq.logits);
             let top = if k > 0 { crate::parity::top_k(&seq.logits, k).into_iter().map(|(id, l)| (id, l - lse)).collect() } else { vec![] };
@@ -194,6 +296,9 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
         };
         if stop_hit {
             let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish: Finish::Stop, completion_tokens: seq.generated });
+            finished.push(i);
+        } else if let Some(f) = grammar_done {
+            flush(seq, f);
             finished.push(i);
         } else if seq.generated >= seq.job.max_tokens {
             flush(seq, Finish::Length);

@@ -156,8 +156,11 @@ def test_errors_in_openai_shape(server):
         c.chat.completions.create(model="x", messages=MSG, extra_body={"mirostat": 2})
     assert "mirostat" in str(e.value)
     with pytest.raises(openai.BadRequestError) as e:
-        c.chat.completions.create(model="x", messages=MSG, response_format={"type": "json_object"})
+        c.chat.completions.create(model="x", messages=MSG, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})
     assert "response_format" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="x", messages=MSG, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert "nope" in str(e.value)
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="x", messages=MSG, max_tokens=100000)
     msg = str(e.value)
@@ -169,6 +172,82 @@ def test_errors_in_openai_shape(server):
     big = json.dumps({"model": "x", "messages": [{"role": "user", "content": "a" * 100_000}]}).encode()
     status, _, _ = server.post("/v1/chat/completions", big)
     assert status == 413
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]},
+        },
+    },
+    {"type": "function", "function": {"name": "add", "description": "Adds two numbers", "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}},
+]
+
+
+def test_tools_round_trip(server):
+    """A forced call comes back as OpenAI tool_calls (arguments parse as a JSON object), the
+    streamed form carries id and name once then argument fragments that add up to the same
+    call, and the call plus the tool's answer render back into a prompt the model continues."""
+    c = server.client()
+    ask = [{"role": "user", "content": "Hvordan er vejret i Aarhus?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = c.chat.completions.create(model="x", messages=ask, tools=TOOLS, tool_choice=named, max_tokens=48, temperature=1.0, seed=3)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert len(ch.message.tool_calls) >= 1
+    call = ch.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    args = json.loads(call.function.arguments)
+    assert isinstance(args, dict)
+
+    chunks = list(c.chat.completions.create(model="x", messages=ask, tools=TOOLS, tool_choice=named, max_tokens=48, temperature=1.0, seed=3, stream=True))
+    deltas = [tc for chk in chunks if chk.choices for tc in (chk.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id and deltas[0].function.name == "get_weather"
+    assert all(d.id is None and d.function.name is None for d in deltas[1:] if d.index == 0)
+    streamed_args = "".join(d.function.arguments or "" for d in deltas if d.index == 0)
+    assert json.loads(streamed_args) == args
+    assert [chk.choices[0].finish_reason for chk in chunks if chk.choices and chk.choices[0].finish_reason] == ["tool_calls"]
+
+    # tool_choice "required" with sampling: always a well-formed call to a declared tool
+    for seed in range(4):
+        r = c.chat.completions.create(model="x", messages=ask, tools=TOOLS, tool_choice="required", max_tokens=24, temperature=1.0, seed=seed)
+        tc = r.choices[0].message.tool_calls
+        assert tc and tc[0].function.name in ("get_weather", "add")
+        assert isinstance(json.loads(tc[0].function.arguments), dict)
+
+    history = ask + [
+        # the fixture model's arguments are noise; a short one keeps the prompt within 256 tokens
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Aarhus"}'}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sol, 21 grader"},
+    ]
+    r = c.chat.completions.create(model="x", messages=history, tools=TOOLS[:1], max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r.usage.prompt_tokens > 0
+    bad = history[:-1] + [{"role": "tool", "tool_call_id": "call_unknown", "content": "x"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="x", messages=bad, tools=TOOLS, max_tokens=4)
+    assert "call_unknown" in str(e.value)
+    bad = ask + [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{not json"}}]}]
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="x", messages=bad, tools=TOOLS, max_tokens=4)
+
+
+def test_json_object_output_parses(server):
+    """response_format json_object is enforced by constrained decoding: sampled output is one
+    JSON object that parses, closed within max_tokens even when the budget is tight."""
+    c = server.client()
+    ask = [{"role": "user", "content": "Giv mig et JSON-objekt med en by og et tal."}]
+    for seed, max_tokens in [(1, 60), (2, 60), (3, 12), (4, 3)]:
+        r = c.chat.completions.create(model="x", messages=ask, response_format={"type": "json_object"}, max_tokens=max_tokens, temperature=1.0, seed=seed)
+        text = r.choices[0].message.content
+        assert isinstance(json.loads(text), dict), text
+        assert r.choices[0].finish_reason == "stop"
+        assert r.usage.completion_tokens <= max_tokens
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(model="x", messages=ask, response_format={"type": "json_object"}, max_tokens=max_tokens, temperature=1.0, seed=seed, stream=True) if ch.choices)
+        assert streamed == text
 
 
 def test_tokenize_roundtrip(server):
