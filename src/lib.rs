@@ -5,9 +5,11 @@ pub mod bench;
 #[path = "../convert/mod.rs"]
 pub mod convert;
 pub mod engine;
+pub mod eval;
 pub mod generate;
 pub mod ggml;
 pub mod inspect;
+pub mod loadgen;
 pub mod model;
 pub mod parity;
 pub mod sampler;
