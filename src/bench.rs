@@ -219,3 +219,224 @@ pub fn write_markdown_block(path: &Path, key: &str, body: &str) -> Result<(), St
     let new = format!("{}{begin}\n{body}\n{}", &doc[..a], &doc[b..]);
     std::fs::write(path, new).map_err(|e| format!("{}: {e}", path.display()))
 }
+
+/// Read bandwidth of this machine: `threads` threads stream through disjoint slices of a
+/// `bytes`-sized buffer (initialised first, so pages are real), summing 64-bit words with
+/// independent accumulators; best of `reps` passes, in bytes per second. This is the decode
+/// ceiling: a decode step must read every weight it uses at least once.
+pub fn bandwidth(threads: usize, bytes: usize, reps: usize) -> f64 {
+    let words = bytes / 8;
+    let buf: Vec<u64> = (0..words as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let chunk = words.div_ceil(threads.max(1));
+    let mut best = 0.0f64;
+    let mut sink = 0u64;
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        let sums: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = buf
+                .chunks(chunk)
+                .map(|part| {
+                    s.spawn(move || {
+                        let mut acc = [0u64; 8];
+                        let mut it = part.chunks_exact(8);
+                        for c in &mut it {
+                            for k in 0..8 {
+                                acc[k] = acc[k].wrapping_add(c[k]);
+                            }
+                        }
+                        it.remainder().iter().fold(acc.iter().fold(0u64, |a, &b| a.wrapping_add(b)), |a, &b| a.wrapping_add(b))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).collect()
+        });
+        let dt = t0.elapsed().as_secs_f64();
+        sink = sums.iter().fold(sink, |a, &b| a.wrapping_add(b));
+        best = best.max(bytes as f64 / dt);
+    }
+    std::hint::black_box(sink);
+    best
+}
+
+/// Bytes one decode step of one sequence must read, by part.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ceiling {
+    pub model: String,
+    pub n_ctx: usize,
+    pub kv_type: String,
+    /// One pass of the L stack's weights, and how many passes a token makes.
+    pub l_stack_bytes: u64,
+    pub l_passes: u64,
+    pub h_stack_bytes: u64,
+    pub h_passes: u64,
+    pub lm_head_bytes: u64,
+    /// K and V of every virtual layer at `n_ctx` positions.
+    pub kv_bytes: u64,
+    pub total_bytes: u64,
+    pub bandwidth_bytes_s: f64,
+    /// bandwidth / total: the decode tok/s no engine can beat on this machine at this context.
+    pub ceiling_tok_s: f64,
+}
+
+pub fn ceiling(model: &Path, n_ctx: usize, kv: KvType, bandwidth_bytes_s: f64) -> Result<Ceiling, String> {
+    let g = crate::ggml::gguf::GgufFile::open(model).map_err(|e| e.to_string())?;
+    let hp = crate::arch::HParams::from_gguf(&g).map_err(|e| e.to_string())?;
+    let tensors = g.tensors();
+    let lps = hp.layers_per_stack;
+    let stack = |range: std::ops::Range<u32>| -> u64 {
+        tensors.iter().filter(|t| range.clone().any(|b| t.name.starts_with(&format!("blk.{b}.")))).map(|t| t.size).sum()
+    };
+    let l_stack_bytes = stack(0..lps);
+    let h_stack_bytes = stack(lps..2 * lps);
+    let lm_head_bytes = tensors.iter().find(|t| t.name == crate::arch::OUTPUT).or_else(|| tensors.iter().find(|t| t.name == crate::arch::TOKEN_EMBD)).map(|t| t.size).unwrap_or(0);
+    let kv_bytes = 2 * hp.n_slots() as u64 * n_ctx as u64 * kv.ggml().row_bytes((hp.n_head_kv * hp.head_dim) as u64);
+    let (l_passes, h_passes) = ((hp.l_cycles * hp.h_cycles) as u64, hp.h_cycles as u64);
+    let total = l_stack_bytes * l_passes + h_stack_bytes * h_passes + lm_head_bytes + kv_bytes;
+    Ok(Ceiling {
+        model: model.display().to_string(),
+        n_ctx,
+        kv_type: format!("{kv:?}").to_lowercase(),
+        l_stack_bytes,
+        l_passes,
+        h_stack_bytes,
+        h_passes,
+        lm_head_bytes,
+        kv_bytes,
+        total_bytes: total,
+        bandwidth_bytes_s,
+        ceiling_tok_s: bandwidth_bytes_s / total as f64,
+    })
+}
+
+#[derive(Debug, Clone)]
+pub struct MatrixOptions {
+    pub models: Vec<PathBuf>,
+    pub batches: Vec<usize>,
+    pub contexts: Vec<usize>,
+    pub kv_types: Vec<KvType>,
+    pub threads: usize,
+    pub steps: usize,
+    pub reps: usize,
+    pub prefill: usize,
+    pub batched_kernels: bool,
+}
+
+/// One cell: decode of `batch` sequences that already hold `context` positions.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct MatrixCell {
+    pub model: String,
+    pub kernels: String,
+    pub batch: usize,
+    pub context: usize,
+    pub kv_type: String,
+    pub threads: usize,
+    pub steps: usize,
+    /// Aggregate decode tok/s (batch × steps / time) per repetition, and their median.
+    pub decode_tok_s: Vec<f64>,
+    pub decode_median: f64,
+    pub prefill_tokens: usize,
+    pub prefill_tok_s: Vec<f64>,
+    pub prefill_median: f64,
+    pub load_before: f64,
+    pub load_after: f64,
+    pub machine: Machine,
+}
+
+impl MatrixCell {
+    pub fn markdown_row(&self) -> String {
+        let file = Path::new(&self.model).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let range = |v: &[f64]| {
+            let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            if v.is_empty() {
+                "–".into()
+            } else {
+                format!("{lo:.2}–{hi:.2}")
+            }
+        };
+        format!(
+            "| {file} | {} | {} | {} | {} | {} | **{:.2}** ({}) | {} | {:.2} → {:.2} |",
+            self.kernels,
+            self.threads,
+            self.kv_type,
+            self.batch,
+            self.context,
+            self.decode_median,
+            range(&self.decode_tok_s),
+            if self.prefill_tokens > 0 { format!("{:.1} ({})", self.prefill_median, range(&self.prefill_tok_s)) } else { "–".into() },
+            self.load_before,
+            self.load_after
+        )
+    }
+}
+
+/// Runs every cell: one warm-up step, then `reps` timed repetitions of `steps` batched decode
+/// steps from positions filled to `context` (see `Engine::fill_for_benchmark`), and, per
+/// (model, KV type), a PrefixLM prefill of `prefill` tokens.
+pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result<Vec<MatrixCell>, String> {
+    let mut cells = vec![];
+    let max_batch = o.batches.iter().copied().max().unwrap_or(1);
+    let max_ctx = o.contexts.iter().copied().max().unwrap_or(0) + o.steps * (o.reps + 1) + 2;
+    for m in &o.models {
+        for &kv in &o.kv_types {
+            for invariant in [true, false].into_iter().filter(|&inv| inv || o.batched_kernels) {
+                let eopts = EngineOptions { threads: o.threads, n_ctx: max_ctx.max(o.prefill + 2), n_stream: max_batch, kv_type: kv, batch_invariant: invariant, ..Default::default() };
+                let mut e = Engine::load(m, &eopts).map_err(|e| e.to_string())?;
+                let n_vocab = e.hparams().n_vocab;
+                let mut prefill = vec![];
+                if o.prefill > 0 {
+                    let prompt = prompt_ids(o.prefill, n_vocab);
+                    let ones = vec![1; prompt.len()];
+                    for _ in 0..o.reps {
+                        let t0 = Instant::now();
+                        e.prefill(0, &prompt, Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
+                        prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
+                        e.release(0);
+                    }
+                }
+                for &ctx in &o.contexts {
+                    for &b in &o.batches {
+                        let load_before = loadavg();
+                        let mut runs = vec![];
+                        for rep in 0..=o.reps {
+                            for s in 0..b {
+                                e.fill_for_benchmark(s, ctx).map_err(|e| e.to_string())?;
+                            }
+                            let batch: Vec<(usize, u32)> = (0..b).map(|s| (s, 1000 + s as u32)).collect();
+                            let steps = if rep == 0 { 1 } else { o.steps };
+                            let t0 = Instant::now();
+                            for _ in 0..steps {
+                                e.decode(&batch).map_err(|e| e.to_string())?;
+                            }
+                            if rep > 0 {
+                                runs.push((b * steps) as f64 / t0.elapsed().as_secs_f64());
+                            }
+                            for s in 0..b {
+                                e.release(s);
+                            }
+                        }
+                        let cell = MatrixCell {
+                            model: m.display().to_string(),
+                            kernels: if invariant { "batch-invariant".into() } else { "batched GEMM".into() },
+                            batch: b,
+                            context: ctx,
+                            kv_type: format!("{kv:?}").to_lowercase(),
+                            threads: o.threads,
+                            steps: o.steps,
+                            decode_median: median(&runs),
+                            decode_tok_s: runs,
+                            prefill_tokens: o.prefill,
+                            prefill_median: median(&prefill),
+                            prefill_tok_s: prefill.clone(),
+                            load_before,
+                            load_after: loadavg(),
+                            machine: machine(),
+                        };
+                        on_cell(&cell);
+                        cells.push(cell);
+                    }
+                }
+            }
+        }
+    }
+    Ok(cells)
+}

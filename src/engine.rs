@@ -43,8 +43,14 @@ pub struct EngineOptions {
     pub n_stream: usize,
     pub kv_type: KvType,
     pub gpu: bool,
+    /// Which GPU (ggml's device order) when `gpu`; None = the first.
+    pub gpu_index: Option<usize>,
     /// Use the CPU's repacked weight layout for Q4_0/Q4_K.
     pub repack: bool,
+    /// Decode with ggml's single-row reference kernels at every batch size, so a sequence's
+    /// logits do not depend on what it is batched with (off: ggml's batched GEMM kernels,
+    /// faster for several sequences, batch-dependent rounding).
+    pub batch_invariant: bool,
 }
 
 impl Default for EngineOptions {
@@ -55,7 +61,9 @@ impl Default for EngineOptions {
             n_stream: 1,
             kv_type: KvType::F16,
             gpu: false,
+            gpu_index: None,
             repack: true,
+            batch_invariant: true,
         }
     }
 }
@@ -166,10 +174,13 @@ impl Engine {
         // or batched (see docs/parity.md).
         let cpu_first = Backend::cpu(opts.threads)?;
         let cpu_decode = Backend::cpu(opts.threads)?;
-        cpu_decode.set_reference_kernels(true);
+        cpu_decode.set_reference_kernels(opts.batch_invariant);
         let mut backends = vec![];
         if opts.gpu {
-            backends.push(Backend::gpu()?);
+            backends.push(match opts.gpu_index {
+                Some(i) => Backend::gpu_at(i)?,
+                None => Backend::gpu()?,
+            });
         }
         backends.push(cpu_first);
         backends.push(cpu_decode);
@@ -420,6 +431,17 @@ impl Engine {
             *self.lens[s].as_mut().expect("checked") += 1;
         }
         Ok(batch.iter().map(|&(s, _)| std::mem::take(&mut logits[s])).collect())
+    }
+
+    /// Benchmarks only: marks `len` positions of `stream` as filled without computing them
+    /// (their cache cells hold whatever they held). Decode attends to all of them, so its
+    /// cost is that of a real sequence at this length; its logits mean nothing.
+    pub fn fill_for_benchmark(&mut self, stream: usize, len: usize) -> Result<(), EngineError> {
+        if stream >= self.kv.n_stream || len >= self.kv.n_ctx {
+            return Err(EngineError::BadStream(stream));
+        }
+        self.lens[stream] = Some(len);
+        Ok(())
     }
 
     /// Shortens a stream to `len` positions (regenerate from there); later cells are masked.

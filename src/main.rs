@@ -26,6 +26,10 @@ struct RunnerArgs {
     /// Mimir's training data use the raw tokenizer.json; see docs).
     #[arg(long)]
     tokenizer_mistral_regex: bool,
+    /// Decode batches with ggml's batched GEMM kernels (faster with several sequences; a
+    /// sequence's logits then depend on what it is batched with). Default: batch-invariant.
+    #[arg(long)]
+    batched_kernels: bool,
 }
 
 impl RunnerArgs {
@@ -35,7 +39,7 @@ impl RunnerArgs {
             "gpu" | "cuda" => true,
             other => return Err(format!("--device {other}: expected cpu or gpu")),
         };
-        let mut o = EngineOptions { n_ctx: self.ctx.unwrap_or(0), n_stream, kv_type: self.kv_type, gpu, ..Default::default() };
+        let mut o = EngineOptions { n_ctx: self.ctx.unwrap_or(0), n_stream, kv_type: self.kv_type, gpu, batch_invariant: !self.batched_kernels, ..Default::default() };
         if let Some(t) = self.threads {
             o.threads = t.max(1);
         }
@@ -210,6 +214,10 @@ enum Command {
         /// Largest request body in bytes (larger: 413).
         #[arg(long, default_value_t = 4 << 20)]
         max_body: usize,
+        /// One engine replica per entry behind this endpoint, least-loaded routing: GPU
+        /// indices (`0,1`, CUDA builds) or `cpu` (each CPU replica loads its own weights).
+        #[arg(long)]
+        devices: Option<String>,
         #[command(flatten)]
         runner: RunnerArgs,
     },
@@ -273,6 +281,56 @@ enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Decode aggregate tok/s and prefill tok/s per (model, batch, context, KV type) cell.
+    Matrix {
+        models: Vec<PathBuf>,
+        #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+        batches: Vec<usize>,
+        /// Positions already in each sequence when decode is timed.
+        #[arg(long, value_delimiter = ',', default_value = "512")]
+        contexts: Vec<usize>,
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "f16")]
+        kv_types: Vec<KvType>,
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Decode steps timed per repetition.
+        #[arg(long, default_value_t = 8)]
+        steps: usize,
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Prompt tokens for the prefill column (0: skip prefill).
+        #[arg(long, default_value_t = 128)]
+        prefill: usize,
+        /// Also time with ggml's batched GEMM kernels (not batch-invariant).
+        #[arg(long)]
+        batched_kernels: bool,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// The machine's read bandwidth with all threads: the decode ceiling.
+    Bandwidth {
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Buffer size in GiB (at least 2, so caches do not count).
+        #[arg(long, default_value_t = 2.0)]
+        gib: f64,
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+    },
+    /// Bytes a decode step reads (L stack × L_cycles × H_cycles, H stack × H_cycles, lm_head,
+    /// KV at --ctx) and the tok/s that bandwidth allows.
+    Ceiling {
+        models: Vec<PathBuf>,
+        #[arg(long, value_delimiter = ',', default_value = "512")]
+        ctx: Vec<usize>,
+        #[arg(long, value_enum, default_value = "f16")]
+        kv_type: KvType,
+        /// Bandwidth in GB/s (default: measure it now, as `bench bandwidth` does).
+        #[arg(long)]
+        bandwidth: Option<f64>,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Writes tables from benchmark JSON into a markdown file (between bench:KEY markers).
     Render {
         /// `frigg bench load --json` reports, one row each.
@@ -320,6 +378,49 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
             }
             if r.errors > 0 {
                 return Err(format!("{} of {} requests failed, e.g. {:?}", r.errors, r.requests, r.error_samples));
+            }
+            Ok(())
+        }
+        BenchCommand::Matrix { models, batches, contexts, kv_types, threads, steps, reps, prefill, batched_kernels, json } => {
+            let o = frigg::bench::MatrixOptions { models, batches, contexts, kv_types, threads, steps, reps, prefill, batched_kernels };
+            let cells = frigg::bench::matrix(&o, |c| println!("{}", c.markdown_row()))?;
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&cells).expect("serializable")).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+            Ok(())
+        }
+        BenchCommand::Bandwidth { threads, gib, reps } => {
+            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            if gib < 2.0 {
+                return Err("--gib must be at least 2 (smaller buffers measure caches, not memory)".into());
+            }
+            let bw = frigg::bench::bandwidth(threads, (gib * (1u64 << 30) as f64) as usize, reps);
+            let m = frigg::bench::machine();
+            println!("{:.1} GB/s read bandwidth (best of {reps} passes over {gib} GiB, {threads} threads) on {} · {} cores · load {:.2}", bw / 1e9, m.cpu, m.cores, frigg::bench::loadavg());
+            Ok(())
+        }
+        BenchCommand::Ceiling { models, ctx, kv_type, bandwidth, json } => {
+            let bw = match bandwidth {
+                Some(gbs) => gbs * 1e9,
+                None => frigg::bench::bandwidth(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), 2 << 30, 5),
+            };
+            println!("bandwidth {:.1} GB/s{}", bw / 1e9, if bandwidth.is_some() { " (given)" } else { " (measured: 2 GiB, all threads, best of 5)" });
+            println!("| file | ctx | KV | L stack × passes | H stack × passes | lm_head | KV read | bytes/token | ceiling tok/s |\n|---|---|---|---|---|---|---|---|---|");
+            let mut all = vec![];
+            let mib = |b: u64| format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64);
+            for m in &models {
+                for &n in &ctx {
+                    let c = frigg::bench::ceiling(m, n, kv_type, bw)?;
+                    let file = m.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                    println!(
+                        "| {file} | {n} | {} | {} × {} | {} × {} | {} | {} | {} | **{:.2}** |",
+                        c.kv_type, mib(c.l_stack_bytes), c.l_passes, mib(c.h_stack_bytes), c.h_passes, mib(c.lm_head_bytes), mib(c.kv_bytes), mib(c.total_bytes), c.ceiling_tok_s
+                    );
+                    all.push(c);
+                }
+            }
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&all).expect("serializable")).map_err(|e| format!("{}: {e}", p.display()))?;
             }
             Ok(())
         }
@@ -431,8 +532,8 @@ fn main() -> ExitCode {
         Command::Parity { fixtures, eps, json, markdown, threads } => exit(parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads)),
         Command::Bench(cmd) => exit(bench(cmd)),
         Command::Eval { models, task, data, arms, threads, max_tokens, limit, json, markdown, key } => exit(eval(models, task, data, arms, threads, max_tokens, limit, json, markdown, key)),
-        Command::Serve { model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, runner } => {
-            exit(serve(model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, &runner))
+        Command::Serve { model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, runner } => {
+            exit(serve(model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, &runner))
         }
         Command::Inspect { file, json } => match frigg::inspect::inspect(&file) {
             Ok(i) => {
@@ -697,6 +798,7 @@ fn serve(
     cors_origin: Option<String>,
     alias: Option<String>,
     max_body: usize,
+    devices: Option<String>,
     runner: &RunnerArgs,
 ) -> Result<(), String> {
     let model = match model {
@@ -718,6 +820,16 @@ fn serve(
     if slots == 0 {
         return Err("--slots must be at least 1".into());
     }
+    let devices = match &devices {
+        None => vec![],
+        Some(list) => list
+            .split(',')
+            .map(|d| match d.trim() {
+                "cpu" => Ok(None),
+                n => n.parse::<usize>().map(Some).map_err(|_| format!("--devices {list}: each entry is a GPU index (0, 1, …) or `cpu`")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
     frigg::server::serve(frigg::server::ServeOptions {
         model,
         host,
@@ -730,5 +842,6 @@ fn serve(
         engine: runner.engine_options(slots)?,
         mistral_regex: runner.tokenizer_mistral_regex,
         max_body,
+        devices,
     })
 }

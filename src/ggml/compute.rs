@@ -48,6 +48,23 @@ impl Backend {
     }
 
     /// The first GPU device ggml knows (CUDA/Vulkan/Metal builds), if any.
+    /// The `index`-th GPU device (in ggml's device order).
+    pub fn gpu_at(index: usize) -> Result<Self, ComputeError> {
+        // SAFETY: device handles come from ggml's registry and live for the process.
+        unsafe {
+            let gpus: Vec<_> = (0..sys::ggml_backend_dev_count())
+                .map(|i| sys::ggml_backend_dev_get(i))
+                .filter(|&d| !d.is_null() && sys::ggml_backend_dev_type(d) == sys::GGML_BACKEND_DEVICE_TYPE_GPU)
+                .collect();
+            let Some(&dev) = gpus.get(index) else {
+                return Err(ComputeError::BackendInit(format!("GPU {index} (this build sees {} GPU device(s))", gpus.len())));
+            };
+            let p = sys::ggml_backend_dev_init(dev, std::ptr::null());
+            let ptr = NonNull::new(p).ok_or_else(|| ComputeError::BackendInit(format!("GPU {index}")))?;
+            Ok(Backend { ptr, is_cpu: false })
+        }
+    }
+
     pub fn gpu() -> Result<Self, ComputeError> {
         // SAFETY: NULL params are allowed.
         let p = unsafe { sys::ggml_backend_init_by_type(sys::GGML_BACKEND_DEVICE_TYPE_GPU, std::ptr::null()) };

@@ -32,6 +32,9 @@ pub struct ServeOptions {
     pub mistral_regex: bool,
     /// Request bodies larger than this get 413.
     pub max_body: usize,
+    /// One engine replica per entry (None: CPU, Some(i): GPU i), least-loaded routing.
+    /// Empty: one replica on `engine`'s device.
+    pub devices: Vec<Option<usize>>,
 }
 
 /// Fixed-bucket histogram for Prometheus.
@@ -74,8 +77,10 @@ const LATENCY_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 struct State {
     tok: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
-    jobs: Mutex<Option<crossbeam_channel::Sender<Job>>>,
-    stats: Arc<Stats>,
+    /// One job queue per engine replica; None once draining.
+    jobs: Mutex<Option<Vec<crossbeam_channel::Sender<Job>>>>,
+    replicas: Vec<Arc<Stats>>,
+    draining: std::sync::atomic::AtomicBool,
     model_id: String,
     n_ctx: usize,
     n_vocab: usize,
@@ -124,7 +129,7 @@ fn now_secs() -> u64 {
 }
 
 async fn health(st: web::Data<State>) -> HttpResponse {
-    if st.stats.ready.load(Ordering::SeqCst) && !st.stats.draining.load(Ordering::SeqCst) {
+    if st.replicas.iter().all(|r| r.ready.load(Ordering::SeqCst)) && !st.draining.load(Ordering::SeqCst) {
         HttpResponse::Ok().json(json!({"status": "ok"}))
     } else {
         HttpResponse::ServiceUnavailable().json(json!({"status": "loading or draining"}))
@@ -144,15 +149,20 @@ async fn metrics(st: web::Data<State>) -> HttpResponse {
     for (status, n) in st.requests.lock().expect("metrics lock").iter() {
         out.push_str(&format!("frigg_requests_total{{status=\"{status}\"}} {n}\n"));
     }
-    let s = &st.stats;
+    let sum = |f: fn(&Stats) -> usize| st.replicas.iter().map(|r| f(r)).sum::<usize>();
     for (name, help, ty, v) in [
-        ("frigg_prompt_tokens_total", "Prompt tokens prefilled.", "counter", s.prompt_tokens.load(Ordering::Relaxed)),
-        ("frigg_generated_tokens_total", "Tokens generated.", "counter", s.generated_tokens.load(Ordering::Relaxed)),
-        ("frigg_queue_depth", "Requests waiting for a slot.", "gauge", s.queued.load(Ordering::Relaxed)),
-        ("frigg_busy_slots", "Sequences decoding.", "gauge", s.busy_slots.load(Ordering::Relaxed)),
-        ("frigg_slots", "Sequences decoded together at most.", "gauge", st.slots),
+        ("frigg_prompt_tokens_total", "Prompt tokens prefilled.", "counter", sum(|r| r.prompt_tokens.load(Ordering::Relaxed))),
+        ("frigg_generated_tokens_total", "Tokens generated.", "counter", sum(|r| r.generated_tokens.load(Ordering::Relaxed))),
+        ("frigg_queue_depth", "Requests waiting for a slot.", "gauge", sum(|r| r.queued.load(Ordering::Relaxed))),
+        ("frigg_busy_slots", "Sequences decoding.", "gauge", sum(|r| r.busy_slots.load(Ordering::Relaxed))),
+        ("frigg_slots", "Sequences decoded together at most (all replicas).", "gauge", st.slots * st.replicas.len()),
+        ("frigg_replicas", "Engine replicas behind this endpoint.", "gauge", st.replicas.len()),
     ] {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}\n"));
+    }
+    out.push_str("# HELP frigg_replica_requests_total Requests routed to each replica.\n# TYPE frigg_replica_requests_total counter\n");
+    for (i, r) in st.replicas.iter().enumerate() {
+        out.push_str(&format!("frigg_replica_requests_total{{replica=\"{i}\"}} {}\n", r.routed.load(Ordering::Relaxed)));
     }
     st.ttft.render("frigg_time_to_first_token_seconds", "Enqueue to first token.", &mut out);
     st.per_token.render("frigg_time_per_output_token_seconds", "Mean time per generated token after the first, per request.", &mut out);
@@ -201,7 +211,7 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
     if let Err(e) = authorized(&st, &req) {
         return error_response(&st, &e);
     }
-    if st.stats.draining.load(Ordering::SeqCst) {
+    if st.draining.load(Ordering::SeqCst) {
         return error_response(&st, &ApiError { status: 503, kind: "server_error", message: "the server is shutting down".into(), param: None, code: None });
     }
     let chat = matches!(kind, Kind::Chat);
@@ -289,16 +299,23 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
         events: tx,
         enqueued: Instant::now(),
     };
-    // The queue holds at most --queue waiting requests; beyond that, 429.
+    // The queue holds at most --queue waiting requests (per replica); beyond that, 429.
+    // Routing: the replica with the fewest busy slots plus waiting requests.
     let sent = {
         let guard = st.jobs.lock().expect("jobs lock");
         match guard.as_ref() {
             None => Err(503),
-            // Waiting room: the queue plus the slots that are free right now.
-            Some(_) if st.stats.queued.load(Ordering::SeqCst) >= st.queue + st.slots.saturating_sub(st.stats.busy_slots.load(Ordering::SeqCst)) => Err(429),
-            Some(s) => {
-                st.stats.queued.fetch_add(1, Ordering::SeqCst);
-                s.send(job).map_err(|_| 503)
+            Some(senders) => {
+                let load = |r: &Stats| r.busy_slots.load(Ordering::SeqCst) + r.queued.load(Ordering::SeqCst);
+                let (i, r) = st.replicas.iter().enumerate().min_by_key(|(_, r)| load(r)).expect("at least one replica");
+                // Waiting room: the queue plus the slots that are free right now.
+                if r.queued.load(Ordering::SeqCst) >= st.queue + st.slots.saturating_sub(r.busy_slots.load(Ordering::SeqCst)) {
+                    Err(429)
+                } else {
+                    r.queued.fetch_add(1, Ordering::SeqCst);
+                    r.routed.fetch_add(1, Ordering::Relaxed);
+                    senders[i].send(job).map_err(|_| 503)
+                }
             }
         }
     };
@@ -508,6 +525,12 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         compute as f64 / (1u64 << 30) as f64,
         need as f64 / (1u64 << 30) as f64
     );
+    // CPU replicas each hold their own weights, cache and buffers in host memory.
+    let host_replicas = if o.devices.is_empty() { usize::from(!o.engine.gpu) } else { o.devices.iter().filter(|d| d.is_none()).count() } as u64;
+    if o.devices.len() > 1 {
+        eprintln!("frigg serve: {} replicas ({} in host memory): ≈ {:.2} GiB of host memory in all", o.devices.len(), host_replicas, (need * host_replicas) as f64 / (1u64 << 30) as f64);
+    }
+    let need = need * host_replicas;
     if let Some(avail) = crate::bench::meminfo_bytes("MemAvailable") {
         if need + need / 10 > avail {
             return Err(format!(
@@ -528,34 +551,52 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
     };
     drop(g);
 
-    let stats = Arc::new(Stats::default());
-    let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
-    let eopts = EngineOptions { n_ctx, n_stream: o.slots, ..o.engine.clone() };
-    let model_path = o.model.clone();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<usize, String>>();
-    let stats2 = stats.clone();
-    let tok2 = tok.clone();
-    let engine_thread = std::thread::Builder::new()
-        .name("frigg-engine".into())
-        .spawn(move || match Engine::load(&model_path, &eopts) {
-            Ok(engine) => {
-                let _ = ready_tx.send(Ok(engine.compute_bytes()));
-                scheduler::run(engine, tok2, jobs_rx, stats2);
-            }
-            Err(e) => {
-                let _ = ready_tx.send(Err(e.to_string()));
-            }
-        })
-        .map_err(|e| e.to_string())?;
-    let compute_bytes = ready_rx.recv().map_err(|e| e.to_string())??;
-    eprintln!("frigg serve: loaded; compute buffers reserved for a full-context prompt: {:.1} MiB", compute_bytes as f64 / (1u64 << 20) as f64);
+    let devices: Vec<Option<Option<usize>>> = if o.devices.is_empty() { vec![None] } else { o.devices.iter().map(|d| Some(*d)).collect() };
+    let mut replicas = vec![];
+    let mut senders = vec![];
+    let mut threads = vec![];
+    let mut ready = vec![];
+    for (i, dev) in devices.iter().enumerate() {
+        let stats = Arc::new(Stats::default());
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
+        let mut eopts = EngineOptions { n_ctx, n_stream: o.slots, ..o.engine.clone() };
+        if let Some(d) = dev {
+            eopts.gpu = d.is_some();
+            eopts.gpu_index = *d;
+        }
+        let model_path = o.model.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<usize, String>>();
+        let stats2 = stats.clone();
+        let tok2 = tok.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("frigg-engine-{i}"))
+            .spawn(move || match Engine::load(&model_path, &eopts) {
+                Ok(engine) => {
+                    let _ = ready_tx.send(Ok(engine.compute_bytes()));
+                    scheduler::run(engine, tok2, jobs_rx, stats2);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        replicas.push(stats);
+        senders.push(jobs_tx);
+        threads.push(t);
+        ready.push(ready_rx);
+    }
+    for (i, r) in ready.iter().enumerate() {
+        let compute_bytes = r.recv().map_err(|e| e.to_string())?.map_err(|e| format!("replica {i}: {e}"))?;
+        eprintln!("frigg serve: replica {i} loaded; compute buffers reserved for a full-context prompt: {:.1} MiB", compute_bytes as f64 / (1u64 << 20) as f64);
+    }
 
     let state = web::Data::new(State {
         n_vocab: hp.n_vocab as usize,
         tok,
         template,
-        jobs: Mutex::new(Some(jobs_tx)),
-        stats: stats.clone(),
+        jobs: Mutex::new(Some(senders)),
+        replicas,
+        draining: Default::default(),
         model_id: o.alias.clone().unwrap_or_else(|| o.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "frigg".into())),
         n_ctx,
         slots: o.slots,
@@ -613,14 +654,16 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
                 _ = tokio::signal::ctrl_c() => {}
             }
             eprintln!("frigg serve: draining (no new requests; in-flight ones finish)");
-            st.stats.draining.store(true, Ordering::SeqCst);
+            st.draining.store(true, Ordering::SeqCst);
             handle.stop(true).await;
         });
         server.await.map_err(|e| e.to_string())
     });
     // Closing the queue lets the engine thread finish what is active and return.
     drop(state_outer.jobs.lock().expect("jobs lock").take());
-    let _ = engine_thread.join();
+    for t in threads {
+        let _ = t.join();
+    }
     eprintln!("frigg serve: stopped");
     result
 }

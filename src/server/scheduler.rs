@@ -73,8 +73,9 @@ pub struct Stats {
     pub queued: AtomicUsize,
     pub prompt_tokens: AtomicUsize,
     pub generated_tokens: AtomicUsize,
-    pub draining: AtomicBool,
     pub ready: AtomicBool,
+    /// Requests routed to this replica.
+    pub routed: AtomicUsize,
 }
 
 struct Seq {

@@ -341,3 +341,30 @@ def test_non_loopback_bind_without_a_key_is_refused():
     p = subprocess.run([FRIGG, "serve", "--host", "0.0.0.0", "--port", str(free_port())], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert "api-key" in p.stderr
+
+
+def test_replicas_behind_one_endpoint_share_the_load():
+    """--devices cpu,cpu: two engine replicas behind one HTTP front; concurrent requests are
+    routed to the least-loaded one, so both serve."""
+    s = Server("--devices", "cpu,cpu", "--slots", "1", "--queue", "8")
+    try:
+        c = s.client()
+        results = []
+
+        def ask(i):
+            r = c.chat.completions.create(model="x", messages=MSG, max_tokens=24, temperature=1.0, seed=i, extra_body={"ignore_eos": True})
+            results.append(r.usage.completion_tokens)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [24] * 6
+        with urllib.request.urlopen(f"{s.url}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        routed = [float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("frigg_replica_requests_total{")]
+        assert len(routed) == 2 and all(n >= 1 for n in routed) and sum(routed) == 6, metrics
+        assert "frigg_replicas 2" in metrics
+    finally:
+        assert s.stop() == 0
