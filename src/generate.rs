@@ -88,7 +88,7 @@ pub fn generate(engine: &mut Engine, tok: &Tokenizer, req: &Request, mut on_piec
             }
             logits = engine.decode(&[(0, c.token)])?.pop().expect("one row");
         }
-        let rest = dec.flush();
+        let rest = dec.flush(tok, &req.stops)?;
         text.push_str(&rest);
         on_piece(&rest);
         Ok::<(), GenerateError>(())

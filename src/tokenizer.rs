@@ -136,6 +136,11 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// A byte-fallback token (`<0x41>`): one byte of a character the vocabulary lacks.
+    pub fn is_byte_token(&self, id: u32) -> bool {
+        self.inner.id_to_token(id).is_some_and(|t| t.len() == 6 && t.starts_with("<0x") && t.ends_with('>'))
+    }
+
     /// The id of a token given its text (`<|tool_call>`).
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.inner.token_to_id(text)
@@ -222,18 +227,28 @@ impl StreamDecoder {
     }
 
     /// Adds a token; returns the full text decoded so far (complete characters only).
+    /// A run of byte-fallback tokens is decoded only once it ends (the next token is not a
+    /// byte, or at `flush`): the tokenizer turns a whole run into U+FFFD when its bytes are not
+    /// valid UTF-8, so text emitted earlier could differ from the one-shot decode.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<&str, TokenizerError> {
         self.ids.push(id);
+        if tok.is_byte_token(id) {
+            return Ok(&self.text);
+        }
+        self.decode_tail(tok)?;
+        Ok(&self.text)
+    }
+
+    fn decode_tail(&mut self, tok: &Tokenizer) -> Result<(), TokenizerError> {
         let before = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
         let after = tok.decode(&self.ids[self.prefix_offset..], true)?;
-        // An incomplete byte-fallback sequence decodes to U+FFFD at the end: wait for the rest.
-        if after.len() > before.len() && !after.ends_with('\u{FFFD}') {
+        if after.len() > before.len() {
             let common: usize = before.chars().zip(after.chars()).take_while(|(a, b)| a == b).map(|(a, _)| a.len_utf8()).sum();
             self.text.push_str(&after[common..]);
-            self.prefix_offset = self.read_offset;
-            self.read_offset = self.ids.len();
         }
-        Ok(&self.text)
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        Ok(())
     }
 
     /// The next piece safe to emit, holding back any suffix that is a prefix of a stop string.
@@ -275,11 +290,18 @@ impl StreamDecoder {
         (piece, None)
     }
 
-    /// Everything not yet emitted (at the end of generation without a stop string).
-    pub fn flush(&mut self) -> String {
-        let piece = self.text[self.emitted..].to_string();
-        self.emitted = self.text.len();
-        piece
+    /// Everything not yet emitted, at the end of generation (an unfinished byte run decoded as
+    /// the tokenizer would), cut before a stop string if one appears.
+    pub fn flush(&mut self, tok: &Tokenizer, stops: &[String]) -> Result<String, TokenizerError> {
+        if self.read_offset < self.ids.len() {
+            self.decode_tail(tok)?;
+        }
+        let (mut piece, hit) = self.next_piece(stops);
+        if hit.is_none() {
+            piece.push_str(&self.text[self.emitted..]);
+            self.emitted = self.text.len();
+        }
+        Ok(piece)
     }
 }
 

@@ -121,7 +121,7 @@ fn stream_decoder_holds_back_stop_strings_and_partial_utf8() {
             }
         }
         if stopped.is_none() {
-            streamed.push_str(&d.flush());
+            streamed.push_str(&d.flush(&t, &stops).unwrap());
         }
         let whole = match stops.iter().filter_map(|s| text.find(s.as_str())).min() {
             Some(at) => &text[..at],
@@ -147,6 +147,6 @@ fn stream_decoder_waits_for_complete_characters() {
         assert!(!piece.contains('\u{FFFD}'), "partial character emitted: {piece:?}");
         out.push_str(&piece);
     }
-    out.push_str(&d.flush());
+    out.push_str(&d.flush(&t, &[]).unwrap());
     assert_eq!(out, text);
 }

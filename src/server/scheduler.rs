@@ -220,7 +220,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
         };
         let finish_on_eos = if tool_calls > 0 { Finish::ToolCalls } else { Finish::Stop };
         if !seq.job.ignore_eos && tok.is_eos(c.token) {
-            flush(seq, finish_on_eos);
+            flush(seq, tok, finish_on_eos);
             finished.push(i);
             continue;
         }
@@ -243,7 +243,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
                 text_token = ev == ToolEvent::Text;
                 if was_text && !text_token {
                     // text held back for stop strings is final once a call starts
-                    let rest = seq.decoder.flush();
+                    let rest = seq.decoder.flush(tok, &seq.job.stops).unwrap_or_default();
                     let tokens = std::mem::take(&mut seq.pending);
                     if !rest.is_empty() || !tokens.is_empty() {
                         let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
@@ -265,11 +265,11 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
         }
         if !text_token {
             if let Some(f) = grammar_done {
-                flush(seq, f);
+                flush(seq, tok, f);
                 finished.push(i);
             } else if seq.generated >= seq.job.max_tokens {
                 let complete_calls = matches!(&seq.grammar, Some(Grammar::Tools(m)) if m.after_call());
-                flush(seq, if complete_calls { Finish::ToolCalls } else { Finish::Length });
+                flush(seq, tok, if complete_calls { Finish::ToolCalls } else { Finish::Length });
                 finished.push(i);
             } else {
                 batch.push((seq.stream, c.token, i));
@@ -299,10 +299,10 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
             let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish: Finish::Stop, completion_tokens: seq.generated });
             finished.push(i);
         } else if let Some(f) = grammar_done {
-            flush(seq, f);
+            flush(seq, tok, f);
             finished.push(i);
         } else if seq.generated >= seq.job.max_tokens {
-            flush(seq, Finish::Length);
+            flush(seq, tok, Finish::Length);
             finished.push(i);
         } else {
             batch.push((seq.stream, c.token, i));
@@ -332,8 +332,8 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     }
 }
 
-fn flush(seq: &mut Seq, finish: Finish) {
-    let rest = seq.decoder.flush();
+fn flush(seq: &mut Seq, tok: &Tokenizer, finish: Finish) {
+    let rest = seq.decoder.flush(tok, &seq.job.stops).unwrap_or_default();
     let tokens = std::mem::take(&mut seq.pending);
     if !rest.is_empty() || !tokens.is_empty() {
         let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
