@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README): installs what is missing, builds, runs every test.
 #   Rust: cargo test --release (converter, engine parity, llama.cpp interop, tokenizer, sampler)
-#   Python: tests/python with gguf-py (a small venv; the torch/transformers oracle is not needed:
-#   goldens are committed).
+#   Python: tests/python with gguf-py and the openai SDK (a small venv; the torch/transformers
+#   oracle is not needed: goldens are committed).
+#   Fuzzing: a 60-second libFuzzer smoke per target (scripts/fuzz.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -26,3 +27,9 @@ fi
 cargo build --release --locked
 cargo test --release --locked
 FRIGG_BIN="$root/target/release/frigg" "$venv/bin/python" -m pytest -q tests/python
+
+# Fuzzing smoke: 60 s per cargo-fuzz target (installs a nightly toolchain and cargo-fuzz when
+# missing). FRIGG_FUZZ_SKIP=1 skips it for quick local runs.
+if [ "${FRIGG_FUZZ_SKIP:-0}" != 1 ]; then
+    scripts/fuzz.sh 60
+fi

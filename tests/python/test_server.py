@@ -26,11 +26,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_TINY = None
+
+
+def tiny_model() -> str:
+    """The tiny random-weight fixture as a GGUF (the server's behaviour is under test, not a
+    model's answers; the bundled demo model is trained and answers too predictably for that)."""
+    global _TINY
+    if _TINY is None:
+        import tempfile
+
+        out = Path(tempfile.mkdtemp(prefix="frigg-test-")) / "tiny-q8_0.gguf"
+        subprocess.run([FRIGG, "convert", str(ROOT / "tests/fixtures/ckpt/tiny-packed"), "-o", str(out), "--type", "q8_0", "--quiet"], check=True)
+        _TINY = str(out)
+    return _TINY
+
+
 class Server:
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, model: str | None = None):
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [FRIGG, "serve", "--port", str(self.port), "--threads", "1", "--ctx", "256", *args],
+            [FRIGG, "serve", model or tiny_model(), "--port", str(self.port), "--threads", "1", "--ctx", "256", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -1,0 +1,30 @@
+//! Arbitrary bytes as a chat request body: parse and validate as the server does, then render
+//! the messages (and tools) through frigg's chat template and tokenize. Must return errors,
+//! never crash.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+
+const TEMPLATE: &str = include_str!("../../tests/fixtures/tokenizer/chat_template.jinja");
+const TOKENIZER: &str = include_str!("../../tests/fixtures/tokenizer/tokenizer.json");
+
+fn tools() -> &'static (frigg::chat::ChatTemplate, frigg::tokenizer::Tokenizer) {
+    static T: OnceLock<(frigg::chat::ChatTemplate, frigg::tokenizer::Tokenizer)> = OnceLock::new();
+    T.get_or_init(|| {
+        (
+            frigg::chat::ChatTemplate::new(TEMPLATE, "<bos>", "<eos>").unwrap(),
+            frigg::tokenizer::Tokenizer::from_json(TOKENIZER, Some(2), vec![1, 106], false, false).unwrap(),
+        )
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(serde_json::Value::Object(body)) = serde_json::from_slice::<serde_json::Value>(data) else { return };
+    let (tmpl, tok) = tools();
+    if let Ok(p) = frigg::server::api::parse(&body, frigg::server::api::Kind::Chat, 1280) {
+        let tools = (!p.tools.is_empty()).then_some(p.tools.as_slice());
+        if let Ok(text) = tmpl.render(p.messages.as_deref().unwrap_or_default(), tools, true) {
+            let _ = tok.encode(&text);
+        }
+    }
+});
