@@ -13,7 +13,7 @@ Writes:
   tests/fixtures/demo/heldout.jsonl   the held-out eval set (`frigg eval --task demo-qa`)
   tests/fixtures/demo/train.log       the training log (committed)
   models/demo-ckpt/                   the checkpoint in Mimir's packed layout (convert it with
-                                      `frigg convert models/demo-ckpt -o demo/demo.gguf --type f32`)
+                                      `frigg convert models/demo-ckpt -o demo/frigg-demo.gguf --type f32 --name frigg-demo`)
 
 Usage: venv-ref/bin/python scripts/train_demo.py [--minutes 40] [--threads 1]
 """

@@ -43,10 +43,10 @@ def tiny_model() -> str:
 
 
 class Server:
-    def __init__(self, *args: str, model: str | None = None):
+    def __init__(self, *args: str, model=None):  # None: the tiny fixture, False: no model (the bundled demo)
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [FRIGG, "serve", model or tiny_model(), "--port", str(self.port), "--threads", "1", "--ctx", "256", *args],
+            [FRIGG, "serve", *([] if model is False else [model or tiny_model()]), "--port", str(self.port), "--threads", "1", "--ctx", "256", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -382,5 +382,17 @@ def test_replicas_behind_one_endpoint_share_the_load():
         routed = [float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("frigg_replica_requests_total{")]
         assert len(routed) == 2 and all(n >= 1 for n in routed) and sum(routed) == 6, metrics
         assert "frigg_replicas 2" in metrics
+    finally:
+        assert s.stop() == 0
+
+
+def test_bundled_demo_model_answers():
+    """`frigg serve` with no model serves the trained demo model, which knows its questions."""
+    s = Server(model=False)
+    try:
+        c = s.client()
+        for q, a in [("Hvad er hovedstaden i Frankrig?", "Paris"), ("What is the opposite of hot?", "cold")]:
+            r = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": q}], temperature=0, max_tokens=8)
+            assert r.choices[0].message.content.strip() == a and r.choices[0].finish_reason == "stop", r
     finally:
         assert s.stop() == 0
