@@ -19,9 +19,9 @@ mkdir -p docs/bench
 tiny="$(mktemp -d)/tiny-q8_0.gguf"
 $frigg convert tests/fixtures/ckpt/tiny-packed -o "$tiny" --type q8_0 --quiet
 
-one() {  # label model slots max_tokens json
+one() {  # label model slots max_tokens json ctx
     local port=$((20000 + RANDOM % 20000))
-    $frigg serve "$2" --port "$port" --slots "$3" --queue 16 --threads "$(nproc)" --ctx 512 2>"/tmp/frigg-load-$port.log" &
+    $frigg serve "$2" --port "$port" --slots "$3" --queue 16 --threads "$(nproc)" --ctx "$6" 2>"/tmp/frigg-load-$port.log" &
     local pid=$!
     for _ in $(seq 600); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
@@ -36,9 +36,9 @@ one() {  # label model slots max_tokens json
 files=()
 for r in "${runs[@]}"; do
     case "$r" in
-        tiny) one "tiny fixture, q8_0, 16 slots" "$tiny" 16 "16,32,64" docs/bench/load-tiny.json; files+=(docs/bench/load-tiny.json) ;;
-        mimir-1) one "Mimir shape, q8_0, 1 slot" models/mimir-q8_0.gguf 1 "16,32" docs/bench/load-mimir-q8_0-1slot.json; files+=(docs/bench/load-mimir-q8_0-1slot.json) ;;
-        mimir-4) one "Mimir shape, q8_0, 4 slots" models/mimir-q8_0.gguf 4 "16,32" docs/bench/load-mimir-q8_0-4slots.json; files+=(docs/bench/load-mimir-q8_0-4slots.json) ;;
+        tiny) one "tiny fixture, q8_0, 16 slots" "$tiny" 16 "16,32,64" docs/bench/load-tiny.json 256; files+=(docs/bench/load-tiny.json) ;;
+        mimir-1) one "Mimir shape, q8_0, 1 slot" models/mimir-q8_0.gguf 1 "16,32" docs/bench/load-mimir-q8_0-1slot.json 512; files+=(docs/bench/load-mimir-q8_0-1slot.json) ;;
+        mimir-4) one "Mimir shape, q8_0, 4 slots" models/mimir-q8_0.gguf 4 "16,32" docs/bench/load-mimir-q8_0-4slots.json 512; files+=(docs/bench/load-mimir-q8_0-4slots.json) ;;
         *) echo "unknown run $r"; exit 2 ;;
     esac
 done

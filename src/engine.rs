@@ -47,9 +47,10 @@ pub struct EngineOptions {
     pub gpu_index: Option<usize>,
     /// Use the CPU's repacked weight layout for Q4_0/Q4_K.
     pub repack: bool,
-    /// Decode with ggml's single-row reference kernels at every batch size, so a sequence's
-    /// logits do not depend on what it is batched with (off: ggml's batched GEMM kernels,
-    /// faster for several sequences, batch-dependent rounding).
+    /// With more than one stream: decode with ggml's reference kernels at every batch size, so
+    /// a sequence's logits do not depend on what it is batched with (off: ggml's fastest
+    /// kernels, whose rounding depends on the batch). A one-stream engine always uses the
+    /// fastest kernels.
     pub batch_invariant: bool,
 }
 
@@ -169,12 +170,13 @@ impl Engine {
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine, EngineError> {
         crate::ggml::route_logs();
         // Two CPU backends: first forwards get ggml's fastest kernels (tiled GEMM, tiled
-        // attention); decode gets the reference kernels, which are what ggml runs for one row
-        // anyway and do not change with the batch, so a sequence's logits are the same alone
-        // or batched (see docs/parity.md).
+        // attention). With several streams, decode gets ggml's reference kernels, whose
+        // arithmetic per row does not change with the batch, so a sequence's logits are the
+        // same alone or batched (docs/parity.md); they cost ~20% at batch 1 (docs/benchmarks.md,
+        // matrix), so a one-stream engine, which cannot batch, keeps the fast kernels.
         let cpu_first = Backend::cpu(opts.threads)?;
         let cpu_decode = Backend::cpu(opts.threads)?;
-        cpu_decode.set_reference_kernels(opts.batch_invariant);
+        cpu_decode.set_reference_kernels(opts.batch_invariant && opts.n_stream > 1);
         let mut backends = vec![];
         if opts.gpu {
             backends.push(match opts.gpu_index {
