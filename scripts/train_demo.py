@@ -12,8 +12,9 @@ template and the fixture tokenizer (tests/fixtures/tokenizer: Gemma-4 special id
 Writes:
   tests/fixtures/demo/heldout.jsonl   the held-out eval set (`frigg eval --task demo-qa`)
   tests/fixtures/demo/train.log       the training log (committed)
-  models/demo-ckpt/                   the checkpoint in Mimir's packed layout (convert it with
-                                      `frigg convert models/demo-ckpt -o demo/frigg-demo.gguf --type f32 --name frigg-demo`)
+  tests/fixtures/demo/ckpt/           the checkpoint in Mimir's packed layout (committed; convert it
+                                      with `frigg convert tests/fixtures/demo/ckpt -o demo/frigg-demo.gguf
+                                      --type f32 --name frigg-demo`)
 
 Usage: venv-ref/bin/python scripts/train_demo.py [--minutes 40] [--threads 1]
 """
@@ -38,7 +39,7 @@ import make_tokenizer as mt  # noqa: E402
 SEED = 1234
 SHAPE = dict(hidden=128, heads=4, head_dim=32, ffn=384, lps=2, H=2, L=3, max_pos=256)
 DEMO_DIR = ROOT / "tests" / "fixtures" / "demo"
-CKPT = ROOT / "models" / "demo-ckpt"
+CKPT = DEMO_DIR / "ckpt"
 
 # ---------------------------------------------------------------------------------------------
 # Tables (written for this script).

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use frigg::convert::OutType;
+use frigg::convert::{self, ConvertOptions, OutType};
 use frigg::ggml::gguf::{GgufFile, Value};
 use frigg::ggml::{decode_rows, GgmlType};
 use safetensors::tensor::{Dtype, TensorView};
@@ -502,4 +502,23 @@ fn an_existing_target_is_replaced_only_on_success() {
     let (code, err) = convert_cli(&ckpt("tiny-packed"), &out);
     assert_eq!(code, 0, "{err}");
     assert!(GgufFile::open(&out).is_ok());
+}
+
+/// The bundled demo model is exactly the f32 conversion of the committed demo checkpoint
+/// (scripts/train_demo.py), so every figure in docs/eval.md can be reproduced from the repo.
+#[test]
+fn bundled_demo_model_is_the_conversion_of_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo.gguf");
+    convert::convert(&ConvertOptions {
+        checkpoint: fixtures().join("demo/ckpt"),
+        output: out.clone(),
+        out_type: OutType::F32,
+        threads: 2,
+        progress: false,
+        name: Some("frigg-demo".into()),
+    })
+    .unwrap();
+    let bundled = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("demo/frigg-demo.gguf")).unwrap();
+    assert!(std::fs::read(&out).unwrap() == bundled, "demo/frigg-demo.gguf differs from converting tests/fixtures/demo/ckpt");
 }
