@@ -62,12 +62,15 @@ enum Num {
     Frac,
     E,
     ESign,
-    Exp,
+    /// One or two exponent digits: at most two, so every accepted number fits an f64 (strict
+    /// parsers such as serde_json reject `1e400`).
+    Exp1,
+    Exp2,
 }
 
 impl Num {
     fn can_end(self) -> bool {
-        matches!(self, Num::Zero | Num::Int | Num::Frac | Num::Exp)
+        matches!(self, Num::Zero | Num::Int | Num::Frac | Num::Exp1 | Num::Exp2)
     }
 }
 
@@ -91,6 +94,10 @@ pub struct ValueMachine {
     ws: u8,
     started: bool,
     done: bool,
+    /// Inside a string: continuation bytes the current UTF-8 character still needs, and the
+    /// range the next one must fall in (strings must stay valid UTF-8).
+    utf8_left: u8,
+    utf8_range: (u8, u8),
 }
 
 fn is_ws(b: u8) -> bool {
@@ -103,7 +110,7 @@ fn is_ident(b: u8, first: bool) -> bool {
 
 impl ValueMachine {
     pub fn new(dialect: Dialect) -> Self {
-        ValueMachine { dialect, stack: vec![], lex: Lex::None, ws: 0, started: false, done: false }
+        ValueMachine { dialect, stack: vec![], lex: Lex::None, ws: 0, started: false, done: false, utf8_left: 0, utf8_range: (0x80, 0xBF) }
     }
 
     /// The object is closed: nothing more may follow.
@@ -245,6 +252,32 @@ impl ValueMachine {
         }
         match self.lex {
             Lex::None => self.structural(b),
+            Lex::Str { esc } if self.utf8_left > 0 || (esc == 0 && b >= 0x80) => {
+                if self.utf8_left > 0 {
+                    let (lo, hi) = self.utf8_range;
+                    if !(lo..=hi).contains(&b) {
+                        return false;
+                    }
+                    self.utf8_left -= 1;
+                    self.utf8_range = (0x80, 0xBF);
+                    return true;
+                }
+                // A lead byte: how many continuation bytes, and the range of the first one
+                // (excluding overlong forms and surrogates, as str::from_utf8 does).
+                let (left, range) = match b {
+                    0xC2..=0xDF => (1, (0x80, 0xBF)),
+                    0xE0 => (2, (0xA0, 0xBF)),
+                    0xE1..=0xEC | 0xEE..=0xEF => (2, (0x80, 0xBF)),
+                    0xED => (2, (0x80, 0x9F)),
+                    0xF0 => (3, (0x90, 0xBF)),
+                    0xF1..=0xF3 => (3, (0x80, 0xBF)),
+                    0xF4 => (3, (0x80, 0x8F)),
+                    _ => return false,
+                };
+                self.utf8_left = left;
+                self.utf8_range = range;
+                true
+            }
             Lex::Str { esc } => {
                 let q = self.quote();
                 match self.dialect {
@@ -289,11 +322,14 @@ impl ValueMachine {
                     (Num::Dot | Num::Frac, b'0'..=b'9') => Some(Num::Frac),
                     (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Some(Num::E),
                     (Num::E, b'+' | b'-') => Some(Num::ESign),
-                    (Num::E | Num::ESign | Num::Exp, b'0'..=b'9') => Some(Num::Exp),
+                    (Num::E | Num::ESign, b'0'..=b'9') => Some(Num::Exp1),
+                    (Num::Exp1, b'0'..=b'9') => Some(Num::Exp2),
                     _ => None,
                 };
                 match next {
-                    Some(s) if len < MAX_NUMBER => {
+                    // Past the length cap only the digit that completes a number is allowed,
+                    // so closing() can always finish one.
+                    Some(s) if len < MAX_NUMBER || (!state.can_end() && s.can_end()) => {
                         self.lex = Lex::Num { state: s, len: len + 1 };
                         true
                     }
@@ -350,6 +386,7 @@ impl ValueMachine {
 
     fn next_closing_byte(&self) -> u8 {
         match self.lex {
+            Lex::Str { .. } if self.utf8_left > 0 => self.utf8_range.0,
             Lex::Str { esc: 1 } => b'n',
             Lex::Str { esc: 2..=5 } => b'0',
             Lex::Str { .. } => self.quote(),
@@ -737,6 +774,46 @@ mod tests {
                 assert!(serde_json::from_str::<Value>(&s).is_ok(), "{cut}: {s}");
             }
         }
+    }
+
+    /// Found by the `tool_call_parser` fuzz target: a lone byte >= 0x80 inside a string was
+    /// accepted, so accepted text + closing was not valid UTF-8 (and not parseable JSON).
+    #[test]
+    fn strings_stay_valid_utf8() {
+        let mut m = ValueMachine::new(Dialect::Json);
+        assert!(br#"{"a"#.iter().all(|&b| m.feed(b)));
+        assert!(m.accepts(&[0xa3]).is_none(), "a continuation byte cannot start a character");
+        assert!(m.accepts(&[0xc3, 0xa6]).is_some(), "æ");
+        assert!(m.accepts(&[0xe0, 0x80]).is_none(), "overlong");
+        assert!(m.accepts(&[0xed, 0xa0]).is_none(), "surrogate");
+        for lead in [0xc3u8, 0xe0, 0xed, 0xf0, 0xf4] {
+            let m2 = m.accepts(&[lead]).unwrap();
+            let mut text = br#"{"a"#.to_vec();
+            text.push(lead);
+            text.extend(m2.closing());
+            assert!(serde_json::from_slice::<Value>(&text).is_ok(), "{text:?}");
+        }
+        let mut m = ValueMachine::new(Dialect::Json);
+        assert!(br#"{"a":-2.5e31"#.iter().all(|&b| m.feed(b)));
+        assert!(!m.feed(b'6'), "a third exponent digit could overflow f64 (found by fuzzing: -2.5e316)");
+        let mut m = ValueMachine::new(Dialect::Json);
+        assert!(br#"{"a":"#.iter().all(|&b| m.feed(b)));
+        assert!(std::iter::repeat_n(b'5', MAX_NUMBER as usize - 1).all(|b| m.feed(b)) && m.feed(b'.'));
+        assert!(!m.clone().feed(b'.') && m.closing() == b"0}", "a number at the length cap still closes (found by fuzzing)");
+        let crash = b"{\"ah,saudhys::,ta45[$1-.,e36= -.,e3&= [4,  2[t\xa3{}}";
+        let mut m = ValueMachine::new(Dialect::Json);
+        let mut accepted = vec![];
+        for &b in crash.iter() {
+            match m.accepts(&[b]) {
+                Some(n) => {
+                    m = n;
+                    accepted.push(b);
+                }
+                None => break,
+            }
+        }
+        accepted.extend(m.closing());
+        assert!(serde_json::from_slice::<Value>(&accepted).is_ok());
     }
 
     #[test]
