@@ -17,6 +17,8 @@ use serde_json::Value;
 pub const QUOTE: u8 = 0x01;
 /// Longest run of whitespace allowed between JSON tokens (stops a model from padding forever).
 const MAX_WS_RUN: u8 = 8;
+/// Deepest nesting accepted (strict parsers limit recursion: serde_json at 128).
+const MAX_DEPTH: usize = 64;
 /// Longest number literal accepted.
 const MAX_NUMBER: u8 = 32;
 
@@ -147,6 +149,9 @@ impl ValueMachine {
 
     fn start_value(&mut self, b: u8) -> bool {
         let q = self.quote();
+        if matches!(b, b'{' | b'[') && self.stack.len() >= MAX_DEPTH {
+            return false;
+        }
         match b {
             b'{' => {
                 self.end_value();
@@ -800,6 +805,9 @@ mod tests {
         assert!(br#"{"a":"#.iter().all(|&b| m.feed(b)));
         assert!(std::iter::repeat_n(b'5', MAX_NUMBER as usize - 1).all(|b| m.feed(b)) && m.feed(b'.'));
         assert!(!m.clone().feed(b'.') && m.closing() == b"0}", "a number at the length cap still closes (found by fuzzing)");
+        let mut m = ValueMachine::new(Dialect::Json);
+        assert!(br#"{"a":"#.iter().all(|&b| m.feed(b)));
+        assert!((1..MAX_DEPTH).all(|_| m.feed(b'[')) && !m.feed(b'['), "nesting is capped (found by fuzzing: serde_json's recursion limit)");
         let crash = b"{\"ah,saudhys::,ta45[$1-.,e36= -.,e3&= [4,  2[t\xa3{}}";
         let mut m = ValueMachine::new(Dialect::Json);
         let mut accepted = vec![];
