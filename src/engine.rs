@@ -8,7 +8,7 @@
 //! stream for free (later cells are masked); `fork` copies a stream's cells into another.
 
 use crate::arch::HParams;
-use crate::ggml::compute::{self, Backend, ComputeError, Graph, Scheduler};
+use crate::ggml::compute::{self, Backend, Cancel, ComputeError, Graph, Scheduler};
 use crate::ggml::{ext, fill_mask, sys};
 use crate::model::{KvCache, KvType, LoadError, Model};
 use std::path::Path;
@@ -305,8 +305,13 @@ impl Engine {
     }
 
     /// Runs a built graph with its inputs and returns `n_out` rows of logits.
-    fn run(&mut self, first: bool, built: &Built, tokens: &[i32], pos: &[i32], rows: &[i64], mask: &[u16], out: &[i32]) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// `cancel` (first forwards only) is asked between graph nodes of the CPU part.
+    #[allow(clippy::too_many_arguments)]
+    fn run(&mut self, first: bool, built: &Built, tokens: &[i32], pos: &[i32], rows: &[i64], mask: &[u16], out: &[i32], cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
         let sched = if first { &mut self.sched_first } else { &mut self.sched_decode };
+        // backends = [GPU…, CPU for first forwards, CPU for decode].
+        let cpu_first = &self.backends[self.backends.len() - 2];
+        let _cancel_guard = cancel.filter(|_| first).map(|c| cpu_first.cancel_when(c));
         sched.ensure_allocated(&built.graph)?;
         let io = &built.io;
         // SAFETY: each input tensor was created with exactly these element counts and types
@@ -333,6 +338,12 @@ impl Engine {
     /// PrefixLM mask from `token_types` (None = causal; a prompt is all ones). Writes the
     /// stream's cache and returns logits for the requested rows.
     pub fn prefill(&mut self, stream: usize, tokens: &[u32], token_types: Option<&[i32]>, rows: Rows) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.prefill_cancellable(stream, tokens, token_types, rows, None)
+    }
+
+    /// `prefill`, stopped between graph nodes once `cancel` says so (on the CPU): then it
+    /// returns `ComputeError::Cancelled` and the stream stays free.
+    pub fn prefill_cancellable(&mut self, stream: usize, tokens: &[u32], token_types: Option<&[i32]>, rows: Rows, cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
         if stream >= self.kv.n_stream {
             return Err(EngineError::BadStream(stream));
         }
@@ -361,7 +372,7 @@ impl Engine {
         let mut mask = vec![0u16; n * n];
         assert!(fill_mask(&mut mask, n, n, &pos, token_types), "mask arguments are consistent by construction");
         let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let logits = self.run(true, &built, &toks, &pos, &kv_rows, &mask, &out);
+        let logits = self.run(true, &built, &toks, &pos, &kv_rows, &mask, &out, cancel);
         self.sched_first.forget(&built.graph);
         let logits = logits?;
         self.lens[stream] = Some(n);
@@ -426,7 +437,7 @@ impl Engine {
         }
         let out: Vec<i32> = (0..n_stream as i32).collect();
         let built = self.decode_graph.take().expect("built above");
-        let logits = self.run(false, &built, &toks, &pos, &rows, &mask, &out);
+        let logits = self.run(false, &built, &toks, &pos, &rows, &mask, &out, None);
         self.decode_graph = Some(built);
         let mut logits = logits?;
         for &(s, _) in batch {

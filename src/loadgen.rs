@@ -1,7 +1,12 @@
 //! `frigg bench load`: a bounded HTTP load generator for an OpenAI-compatible server on
 //! loopback. N clients each stream chat completions back to back until the duration is up
 //! (requests in flight then finish), with mixed prompts and lengths; every response is checked
-//! complete (a finish reason, usage, `[DONE]`, no error event).
+//! complete (a finish reason per choice, usage, `[DONE]`, no error event).
+//!
+//! With `mix`, requests cycle through the parameter sets stock clients send (greedy with stop
+//! strings, nucleus/top-k with penalties, logprobs, n = 2, non-streamed, json_object, logit_bias),
+//! and json_object replies must parse. With a server pid (the soak), the server's resident memory
+//! is sampled throughout and its busy slots and queue read from /metrics once every client is done.
 
 use serde::Serialize;
 use std::io::BufRead;
@@ -15,6 +20,31 @@ pub struct LoadOptions {
     pub duration: Duration,
     pub max_tokens: Vec<usize>,
     pub api_key: Option<String>,
+    /// Cycle through varied parameter sets instead of one streamed sampling request.
+    pub mix: bool,
+    /// The server's pid on this machine: sample its resident memory (the soak).
+    pub server_pid: Option<u32>,
+    /// Resident memory after this long is the soak's baseline.
+    pub warmup: Duration,
+}
+
+/// What a soak measures besides throughput: memory growth and leaked slots.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct SoakFigures {
+    pub server_pid: u32,
+    pub warmup_s: f64,
+    /// (seconds since start, resident MiB), every 2 s.
+    pub rss_samples: Vec<(f64, f64)>,
+    pub rss_after_warmup_mib: f64,
+    pub rss_end_mib: f64,
+    pub rss_max_mib: f64,
+    /// (end - after warm-up) / after warm-up, in percent.
+    pub rss_growth_pct: f64,
+    /// `frigg_busy_slots` and `frigg_queue_depth` once every client is done.
+    pub busy_slots_end: Option<u64>,
+    pub queue_depth_end: Option<u64>,
+    /// Requests per parameter set, by name.
+    pub mix_counts: Vec<(String, usize)>,
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -39,6 +69,8 @@ pub struct LoadReport {
     pub machine: crate::bench::Machine,
     pub load_before: f64,
     pub load_after: f64,
+    #[serde(default)]
+    pub soak: Option<SoakFigures>,
 }
 
 const PROMPTS: &[&str] = &[
@@ -50,8 +82,24 @@ const PROMPTS: &[&str] = &[
     "Tell me a short story about a fox, a crow and a piece of cheese, in plain English.",
 ];
 
+/// The parameter sets of a mixed run: (name, extra fields, streamed).
+fn mix_sets(slots: u64) -> Vec<(&'static str, serde_json::Value, bool)> {
+    use serde_json::json;
+    vec![
+        ("sampled", json!({"temperature": 0.8}), true),
+        ("greedy+stop", json!({"temperature": 0, "stop": [".", "\n\n"]}), true),
+        ("top_p/top_k+penalties", json!({"temperature": 1.0, "top_p": 0.9, "top_k": 40, "presence_penalty": 0.5, "frequency_penalty": 0.3}), true),
+        ("logprobs+min_p", json!({"temperature": 0.7, "min_p": 0.05, "logprobs": true, "top_logprobs": 3}), true),
+        ("n", json!({"temperature": 0.9, "n": slots.clamp(1, 2)}), true),
+        ("non-streamed+repetition_penalty", json!({"temperature": 0.7, "repetition_penalty": 1.1}), false),
+        ("json_object", json!({"temperature": 0.5, "response_format": {"type": "json_object"}}), true),
+        ("non-streamed+logit_bias", json!({"temperature": 0.6, "logit_bias": {"3": -100, "4": 5}}), false),
+    ]
+}
+
 struct One {
     ok: bool,
+    set: &'static str,
     error: Option<String>,
     ttft: Option<f64>,
     prompt_tokens: u64,
@@ -65,17 +113,28 @@ fn is_loopback(url: &str) -> bool {
     matches!(host, "127.0.0.1" | "localhost" | "[::1]")
 }
 
-fn one_request(agent: &ureq::Agent, o: &LoadOptions, i: usize, stream_no: usize) -> One {
-    let mut r = One { ok: false, error: None, ttft: None, prompt_tokens: 0, completion_tokens: 0 };
-    let body = serde_json::json!({
+fn one_request(agent: &ureq::Agent, o: &LoadOptions, sets: &[(&'static str, serde_json::Value, bool)], i: usize, stream_no: usize) -> One {
+    let (set, extra, streamed) = if o.mix { sets[(i + stream_no) % sets.len()].clone() } else { sets[0].clone() };
+    let mut r = One { ok: false, set, error: None, ttft: None, prompt_tokens: 0, completion_tokens: 0 };
+    let content = if set == "json_object" {
+        format!("Answer in JSON. {}", PROMPTS[(i + stream_no) % PROMPTS.len()])
+    } else {
+        PROMPTS[(i + stream_no) % PROMPTS.len()].to_string()
+    };
+    let mut body = serde_json::json!({
         "model": "frigg",
-        "messages": [{"role": "user", "content": PROMPTS[(i + stream_no) % PROMPTS.len()]}],
+        "messages": [{"role": "user", "content": content}],
         "max_tokens": o.max_tokens[(i * 7 + stream_no) % o.max_tokens.len()],
-        "temperature": 0.8,
         "seed": (stream_no * 1000 + i) as u64,
-        "stream": true,
-        "stream_options": {"include_usage": true},
+        "stream": streamed,
     });
+    if streamed {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    let n = body["n"].as_u64().unwrap_or(1) as usize;
     let t0 = Instant::now();
     let mut req = agent.post(format!("{}/v1/chat/completions", o.url.trim_end_matches('/'))).header("Content-Type", "application/json");
     if let Some(k) = &o.api_key {
@@ -88,8 +147,29 @@ fn one_request(agent: &ureq::Agent, o: &LoadOptions, i: usize, stream_no: usize)
             return r;
         }
     };
+    if !streamed {
+        let t = t0.elapsed().as_secs_f64();
+        let v: serde_json::Value = match resp.into_body().read_to_string().map_err(|e| e.to_string()).and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string())) {
+            Ok(v) => v,
+            Err(e) => {
+                r.error = Some(format!("reading the response: {e}"));
+                return r;
+            }
+        };
+        r.ttft = Some(t);
+        r.prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        r.completion_tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        let choices = v["choices"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        r.ok = choices.len() == n && choices.iter().all(|c| c["finish_reason"].is_string() && c["message"]["content"].is_string()) && v["usage"].is_object();
+        if !r.ok {
+            r.error = Some(format!("incomplete response: {}", v.to_string().chars().take(300).collect::<String>()));
+        }
+        return r;
+    }
     let reader = std::io::BufReader::new(resp.into_body().into_reader());
-    let (mut finished, mut done, mut usage) = (false, false, false);
+    let (mut done, mut usage) = (false, false);
+    let mut finished = vec![false; n];
+    let mut text = vec![String::new(); n];
     for line in reader.lines() {
         let line = match line {
             Ok(l) => l,
@@ -119,20 +199,37 @@ fn one_request(agent: &ureq::Agent, o: &LoadOptions, i: usize, stream_no: usize)
             r.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
             r.completion_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
         }
-        if let Some(c) = v["choices"].get(0) {
-            if r.ttft.is_none() && c["delta"]["content"].as_str().is_some_and(|s| !s.is_empty()) {
-                r.ttft = Some(t0.elapsed().as_secs_f64());
+        for c in v["choices"].as_array().into_iter().flatten() {
+            let Some(k) = c["index"].as_u64().map(|k| k as usize).filter(|&k| k < n) else {
+                r.error = Some(format!("choice index out of range: {c}"));
+                return r;
+            };
+            if let Some(piece) = c["delta"]["content"].as_str().filter(|s| !s.is_empty()) {
+                r.ttft.get_or_insert(t0.elapsed().as_secs_f64());
+                text[k].push_str(piece);
             }
             if c["finish_reason"].is_string() {
-                finished = true;
+                finished[k] = true;
             }
         }
     }
-    r.ok = finished && done && usage;
+    let all_finished = finished.iter().all(|&f| f);
+    r.ok = all_finished && done && usage;
     if !r.ok {
-        r.error = Some(format!("incomplete response (finish_reason {finished}, usage {usage}, [DONE] {done})"));
+        r.error = Some(format!("incomplete response (finish_reason on every choice {all_finished}, usage {usage}, [DONE] {done})"));
+    } else if set == "json_object" {
+        if let Some(bad) = text.iter().find(|t| serde_json::from_str::<serde_json::Value>(t).is_err()) {
+            r.ok = false;
+            r.error = Some(format!("json_object reply does not parse: {bad:?}"));
+        }
     }
     r
+}
+
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -143,10 +240,11 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Reads `frigg_slots` from the server's /metrics (None for other servers).
-fn server_slots(agent: &ureq::Agent, url: &str) -> Option<u64> {
+/// Reads one gauge (`frigg_slots`, `frigg_busy_slots`, …) from the server's /metrics (None for
+/// other servers).
+fn server_gauge(agent: &ureq::Agent, url: &str, name: &str) -> Option<u64> {
     let text = agent.get(format!("{}/metrics", url.trim_end_matches('/'))).call().ok()?.into_body().read_to_string().ok()?;
-    text.lines().find_map(|l| l.strip_prefix("frigg_slots ")).and_then(|v| v.trim().parse().ok())
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())
 }
 
 pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
@@ -158,11 +256,33 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
     }
     let config = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(3600))).http_status_as_error(true).build();
     let agent: ureq::Agent = config.into();
-    let slots = server_slots(&agent, &o.url);
+    let slots = server_gauge(&agent, &o.url, "frigg_slots");
+    if let Some(pid) = o.server_pid {
+        rss_mib(pid).ok_or_else(|| format!("--server-pid {pid}: no such process to sample"))?;
+    }
+    let sets = &mix_sets(slots.unwrap_or(1));
     let load_before = crate::bench::loadavg();
     let start = Instant::now();
     let deadline = start + o.duration;
+    let clients_done = std::sync::atomic::AtomicBool::new(false);
+    let mut rss_samples = vec![];
     let results: Vec<Vec<One>> = std::thread::scope(|s| {
+        let sampler = o.server_pid.map(|pid| {
+            let clients_done = &clients_done;
+            s.spawn(move || {
+                let mut samples = vec![];
+                loop {
+                    let last = clients_done.load(std::sync::atomic::Ordering::Relaxed);
+                    if let Some(m) = rss_mib(pid) {
+                        samples.push((start.elapsed().as_secs_f64(), m));
+                    }
+                    if last {
+                        return samples;
+                    }
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            })
+        });
         let handles: Vec<_> = (0..o.streams)
             .map(|k| {
                 let agent = agent.clone();
@@ -170,16 +290,48 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
                     let mut out = vec![];
                     let mut i = 0;
                     while Instant::now() < deadline {
-                        out.push(one_request(&agent, o, i, k));
+                        out.push(one_request(&agent, o, sets, i, k));
                         i += 1;
                     }
                     out
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+        let results = handles.into_iter().map(|h| h.join().unwrap_or_default()).collect();
+        clients_done.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = sampler {
+            rss_samples = h.join().unwrap_or_default();
+        }
+        results
     });
     let wall = start.elapsed().as_secs_f64();
+    let soak = o.server_pid.map(|pid| {
+        // A finished request frees its slot within one decode step: give the server a moment.
+        let mut busy = None;
+        for _ in 0..20 {
+            busy = server_gauge(&agent, &o.url, "frigg_busy_slots");
+            if busy == Some(0) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let warm = o.warmup.as_secs_f64();
+        let after_warmup = rss_samples.iter().find(|(t, _)| *t >= warm).or(rss_samples.last()).map(|s| s.1).unwrap_or(f64::NAN);
+        let end = rss_samples.last().map(|s| s.1).unwrap_or(f64::NAN);
+        let all: Vec<&One> = results.iter().flatten().collect();
+        SoakFigures {
+            server_pid: pid,
+            warmup_s: warm,
+            rss_after_warmup_mib: after_warmup,
+            rss_end_mib: end,
+            rss_max_mib: rss_samples.iter().map(|s| s.1).fold(f64::NAN, f64::max),
+            rss_growth_pct: (end - after_warmup) / after_warmup * 100.0,
+            rss_samples: rss_samples.clone(),
+            busy_slots_end: busy,
+            queue_depth_end: server_gauge(&agent, &o.url, "frigg_queue_depth"),
+            mix_counts: sets.iter().map(|(name, ..)| (name.to_string(), all.iter().filter(|r| r.set == *name).count())).filter(|(_, c)| *c > 0).collect(),
+        }
+    });
     let all: Vec<&One> = results.iter().flatten().collect();
     let mut ttfts: Vec<f64> = all.iter().filter_map(|r| r.ttft).collect();
     let completion_tokens: u64 = all.iter().map(|r| r.completion_tokens).sum();
@@ -203,6 +355,7 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
         machine: crate::bench::machine(),
         load_before,
         load_after: crate::bench::loadavg(),
+        soak,
     })
 }
 
@@ -225,6 +378,33 @@ impl LoadReport {
             self.load_before,
             self.load_after
         )
+    }
+}
+
+impl LoadReport {
+    pub fn soak_row(&self) -> Option<String> {
+        let s = self.soak.as_ref()?;
+        let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
+        Some(format!(
+            "| {} | {} | {} | {:.0} s ({:.0} s wall) | {} | {} | {} | {} | {:.0} MiB → {:.0} MiB (**{:+.1}%**, max {:.0}) | {} | {} | {:.2} → {:.2} |",
+            self.label,
+            self.server_slots.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
+            self.streams,
+            self.duration_s,
+            self.wall_s,
+            self.requests,
+            self.complete,
+            self.errors,
+            self.completion_tokens,
+            s.rss_after_warmup_mib,
+            s.rss_end_mib,
+            s.rss_growth_pct,
+            s.rss_max_mib,
+            opt(s.busy_slots_end),
+            opt(s.queue_depth_end),
+            self.load_before,
+            self.load_after
+        ))
     }
 }
 

@@ -280,6 +280,17 @@ enum BenchCommand {
         label: String,
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Vary the parameters per request (greedy+stop, top_p/top_k+penalties, logprobs, n,
+        /// non-streamed, json_object, logit_bias).
+        #[arg(long)]
+        mix: bool,
+        /// The soak: sample this server process's resident memory, and read its busy slots
+        /// and queue from /metrics at the end (it must be on this machine).
+        #[arg(long)]
+        server_pid: Option<u32>,
+        /// Seconds of warm-up before the soak's memory baseline.
+        #[arg(long, default_value_t = 60.0)]
+        warmup: f64,
     },
     /// Decode aggregate tok/s and prefill tok/s per (model, batch, context, KV type) cell.
     Matrix {
@@ -375,10 +386,11 @@ enum BenchCommand {
 
 fn bench(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
-        BenchCommand::Load { url, streams, duration, max_tokens, api_key, label, json } => {
-            let o = frigg::loadgen::LoadOptions { label, url, streams, duration: std::time::Duration::from_secs_f64(duration), max_tokens, api_key };
+        BenchCommand::Load { url, streams, duration, max_tokens, api_key, label, json, mix, server_pid, warmup } => {
+            let secs = |s: f64, flag: &str| std::time::Duration::try_from_secs_f64(s).map_err(|_| format!("{flag} {s}: not a number of seconds"));
+            let o = frigg::loadgen::LoadOptions { label, url, streams, duration: secs(duration, "--duration")?, max_tokens, api_key, mix, server_pid, warmup: secs(warmup, "--warmup")? };
             let r = frigg::loadgen::run(&o)?;
-            println!("{}", r.markdown_row());
+            println!("{}", r.soak_row().unwrap_or_else(|| r.markdown_row()));
             if let Some(p) = json {
                 write_json(&p, &r)?;
             }
@@ -453,12 +465,22 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
             let (machine, header, rows) = if !load.is_empty() {
                 let mut rows = vec![];
                 let mut machine = None;
+                let mut soak = None;
                 for p in &load {
                     let r: frigg::loadgen::LoadReport = serde_json::from_str(&read(p)?).map_err(|e| format!("{}: not a `frigg bench load` report: {e}", p.display()))?;
-                    rows.push(r.markdown_row());
+                    // One table is either load runs or soaks (with --server-pid), not both.
+                    if *soak.get_or_insert(r.soak.is_some()) != r.soak.is_some() {
+                        return Err(format!("{}: soak and plain load reports go in separate tables", p.display()));
+                    }
+                    rows.push(r.soak_row().unwrap_or_else(|| r.markdown_row()));
                     machine.get_or_insert(r.machine);
                 }
-                (machine, "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | aggregate tok/s | TTFT p50 | TTFT p95 | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|", rows)
+                let header = if soak == Some(true) {
+                    "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | server resident memory after warm-up → end (growth, max) | busy slots at end | queue at end | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+                } else {
+                    "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | aggregate tok/s | TTFT p50 | TTFT p95 | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+                };
+                (machine, header, rows)
             } else {
                 let mut rows = vec![];
                 let mut machine = None;

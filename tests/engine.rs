@@ -128,3 +128,36 @@ fn loading_a_bad_gguf_is_a_clear_error() {
     let err = Engine::load(&garbage, &EngineOptions::default()).unwrap_err().to_string();
     assert!(err.contains("not a readable GGUF"), "{err}");
 }
+
+/// A prefill cancelled between graph nodes fails with `Cancelled`, leaves its stream free, and
+/// the engine then runs the same sequence bit-identically to one that was never interrupted.
+#[test]
+fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
+    use frigg::ggml::compute::{Cancel, ComputeError};
+    let (_d, mut e) = engine(OutType::Q8_0, KvType::F16, 2);
+    let prompt = &prompts()[0];
+    let (want_toks, want_bits) = alone(&mut e, prompt, 6);
+    for after in [0usize, 1, 25] {
+        let asked = std::cell::Cell::new(0usize);
+        let ask = || {
+            asked.set(asked.get() + 1);
+            asked.get() > after
+        };
+        let ones = vec![1; prompt.len()];
+        let r = e.prefill_cancellable(0, prompt, Some(&ones), Rows::Last, Some(&Cancel(&ask)));
+        assert!(matches!(r, Err(EngineError::Compute(ComputeError::Cancelled))), "cancel after {after} nodes: {r:?}");
+        assert_eq!(asked.get(), after + 1, "ggml stops at the first node after cancel says yes");
+        assert_eq!(e.free_stream(), Some(0), "a cancelled prefill leaves its stream free");
+        assert_eq!(alone(&mut e, prompt, 6), (want_toks.clone(), want_bits.clone()));
+    }
+    // Never cancelled: the callback is asked once per node and changes nothing.
+    let asked = std::cell::Cell::new(0usize);
+    let ask = || {
+        asked.set(asked.get() + 1);
+        false
+    };
+    let ones = vec![1; prompt.len()];
+    e.prefill_cancellable(0, prompt, Some(&ones), Rows::Last, Some(&Cancel(&ask))).unwrap();
+    assert!(asked.get() > 25, "asked {} times", asked.get());
+    e.release(0);
+}

@@ -16,8 +16,28 @@ pub enum ComputeError {
     GraphAlloc,
     #[error("graph compute failed with status {0}")]
     Compute(i32),
+    #[error("the computation was cancelled")]
+    Cancelled,
     #[error("ggml_init failed (out of memory)")]
     ContextInit,
+}
+
+/// Whether a running computation should stop (asked between graph nodes).
+pub struct Cancel<'a>(pub &'a dyn Fn() -> bool);
+
+/// Keeps a `Cancel` registered on a CPU backend; unregisters it when dropped.
+pub struct CancelGuard<'a> {
+    backend: &'a Backend,
+    _cancel: std::marker::PhantomData<&'a Cancel<'a>>,
+}
+
+impl Drop for CancelGuard<'_> {
+    fn drop(&mut self) {
+        if self.backend.is_cpu {
+            // SAFETY: a CPU backend; NULL unregisters.
+            unsafe { sys::ggml_backend_cpu_set_abort_callback(self.backend.ptr.as_ptr(), None, std::ptr::null_mut()) };
+        }
+    }
 }
 
 /// A compute backend (the CPU, or a GPU when built with one).
@@ -47,7 +67,6 @@ impl Backend {
         Ok(Backend { ptr, is_cpu: true })
     }
 
-    /// The first GPU device ggml knows (CUDA/Vulkan/Metal builds), if any.
     /// The `index`-th GPU device (in ggml's device order).
     pub fn gpu_at(index: usize) -> Result<Self, ComputeError> {
         // SAFETY: device handles come from ggml's registry and live for the process.
@@ -84,6 +103,23 @@ impl Backend {
 
     pub fn is_cpu(&self) -> bool {
         self.is_cpu
+    }
+
+    /// CPU only: while the guard lives, ggml asks `cancel` after every graph node (on the
+    /// calling thread) and stops the compute once it says true; the compute then fails with
+    /// `ComputeError::Cancelled`. On other backends this does nothing.
+    pub fn cancel_when<'a>(&'a self, cancel: &'a Cancel<'a>) -> CancelGuard<'a> {
+        unsafe extern "C" fn ask(data: *mut std::ffi::c_void) -> bool {
+            // SAFETY: data is the &Cancel registered below, alive until the guard clears it.
+            let cancel = unsafe { &*(data as *const Cancel) };
+            (cancel.0)()
+        }
+        if self.is_cpu {
+            // SAFETY: a CPU backend; the data pointer outlives the registration (the guard
+            // borrows it and unregisters on drop).
+            unsafe { sys::ggml_backend_cpu_set_abort_callback(self.ptr.as_ptr(), Some(ask), cancel as *const Cancel as *mut std::ffi::c_void) };
+        }
+        CancelGuard { backend: self, _cancel: std::marker::PhantomData }
     }
 
     pub fn set_threads(&self, threads: usize) {
@@ -375,6 +411,9 @@ impl Scheduler {
         self.ensure_allocated(g)?;
         // SAFETY: g is allocated by this scheduler.
         let st = unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), g.raw()) };
+        if st == sys::GGML_STATUS_ABORTED {
+            return Err(ComputeError::Cancelled);
+        }
         if st != sys::GGML_STATUS_SUCCESS {
             return Err(ComputeError::Compute(st));
         }

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -71,6 +71,9 @@ impl Histogram {
         out.push_str(&format!("{name}_sum {}\n{name}_count {total}\n", self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6));
     }
 }
+
+/// Longest silence on an SSE stream before a keep-alive comment (see the streaming loop).
+const KEEP_ALIVE: Duration = Duration::from_millis(250);
 
 const LATENCY_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
@@ -346,7 +349,18 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
             let mut first = true;
             let mut done = 0;
             let mut completion_tokens = 0;
-            while let Some(ev) = rx.recv().await {
+            loop {
+                // An SSE comment whenever nothing was sent for a while (a long prefill, a long
+                // wait in the queue): a client that left is noticed only when a write fails,
+                // and that drops this stream, which cancels the request — mid-prefill too.
+                let ev = match tokio::time::timeout(KEEP_ALIVE, rx.recv()).await {
+                    Ok(Some(ev)) => ev,
+                    Ok(None) => break,
+                    Err(_) => {
+                        yield Ok(web::Bytes::from_static(b": keep-alive\n\n"));
+                        continue;
+                    }
+                };
                 let chunk = match ev {
                     Event::Started => continue,
                     Event::Piece { choice, text, tokens } => {

@@ -3,7 +3,8 @@
 //! in one batched step, and sends each piece of text back as soon as it is final.
 
 use crate::constrain::{JsonMachine, ToolChoice, ToolEvent, ToolMachine, ToolTokens};
-use crate::engine::{Engine, Rows};
+use crate::engine::{Engine, EngineError, Rows};
+use crate::ggml::compute::{Cancel, ComputeError};
 use crate::generate::Finish;
 use crate::sampler::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -96,12 +97,14 @@ struct Seq {
 pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: Arc<Stats>) {
     let mut active: Vec<Seq> = vec![];
     let mut closed = false;
+    // The head of the queue, taken from the channel but not yet admitted: a request with n
+    // choices waits here until n streams are free (first come, first served).
+    let mut head: Option<Job> = None;
     stats.ready.store(true, Ordering::SeqCst);
     loop {
-        // Admit one request if its choices fit in free streams.
         let free = engine.n_stream() - active.len();
-        if !closed && free > 0 {
-            let next = if active.is_empty() {
+        if head.is_none() && !closed && free > 0 {
+            head = if active.is_empty() {
                 match jobs.recv_timeout(Duration::from_millis(200)) {
                     Ok(j) => Some(j),
                     Err(RecvTimeoutError::Timeout) => None,
@@ -113,14 +116,22 @@ pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: 
             } else {
                 jobs.try_recv().ok()
             };
-            if let Some(job) = next {
+        }
+        // Admit at most one request per decode step, once all its choices fit (or it cannot
+        // ever fit, or its client left: admit answers those).
+        if let Some(job) = head.take() {
+            if job.n <= free || active.is_empty() || job.events.is_closed() {
+                // Its slots count as busy from the start of its prefill.
+                stats.busy_slots.store(active.len() + job.n, Ordering::SeqCst);
                 stats.queued.fetch_sub(1, Ordering::SeqCst);
                 admit(&mut engine, job, &mut active, &stats);
                 stats.busy_slots.store(active.len(), Ordering::SeqCst);
+            } else {
+                head = Some(job);
             }
         }
         if active.is_empty() {
-            if closed {
+            if closed && head.is_none() {
                 return;
             }
             continue;
@@ -141,8 +152,12 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
         return;
     }
     let ones = vec![1; job.prompt.len()];
-    let logits = match engine.prefill(free[0], &job.prompt, Some(&ones), Rows::Last) {
+    // A client that leaves mid-prefill stops the prefill within one graph node (CPU).
+    let client_left = || job.events.is_closed();
+    let cancel = Cancel(&client_left);
+    let logits = match engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel)) {
         Ok(mut l) => l.pop().expect("one row"),
+        Err(EngineError::Compute(ComputeError::Cancelled)) => return, // its stream stays free
         Err(e) => {
             let _ = job.events.send(Event::Error(e.to_string()));
             return;

@@ -42,11 +42,54 @@ def tiny_model() -> str:
     return _TINY
 
 
+_MEDIUM = None
+
+
+def medium_model() -> str:
+    """A random-weight HRM-Text with the tiny fixture's tokenizer but hidden 256, ffn 512 and
+    2,048 positions (split layout, written with numpy): a long prompt takes seconds to prefill
+    on one thread, long enough to disconnect in the middle of it."""
+    global _MEDIUM
+    if _MEDIUM is None:
+        import shutil
+        import tempfile
+
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        tiny = ROOT / "tests/fixtures/ckpt/tiny-packed"
+        d = Path(tempfile.mkdtemp(prefix="frigg-medium-"))
+        cfg = json.loads((tiny / "config.json").read_text())
+        h, f, heads, hd, lps = 256, 512, 4, 64, 2
+        cfg.update(hidden_size=h, intermediate_size=f, num_attention_heads=heads, num_key_value_heads=heads, head_dim=hd, num_hidden_layers=lps, max_position_embeddings=2048, initializer_range=h**-0.5, embedding_scale=h**0.5)
+        (d / "config.json").write_text(json.dumps(cfg, indent=2))
+        for name in ("chat_template.jinja", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tiny / name, d / name)
+        rng = np.random.default_rng(7)
+        w = lambda *shape: (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)  # noqa: E731
+        v = cfg["vocab_size"]
+        t = {"model.embed_tokens.weight": w(v, h), "model.z_L_init": rng.standard_normal(h).astype(np.float32), "lm_head.weight": w(v, h)}
+        for stack in ("L_module", "H_module"):
+            for i in range(lps):
+                p = f"model.{stack}.layers.{i}."
+                for n in ("gate", "q", "k", "v"):
+                    t[p + f"self_attn.{n}_proj.weight"] = w(heads * hd, h)
+                t[p + "self_attn.o_proj.weight"] = w(h, heads * hd)
+                t[p + "mlp.gate_proj.weight"] = w(f, h)
+                t[p + "mlp.up_proj.weight"] = w(f, h)
+                t[p + "mlp.down_proj.weight"] = w(h, f)
+        save_file(t, str(d / "model.safetensors"))
+        out = d / "medium-f32.gguf"
+        subprocess.run([FRIGG, "convert", str(d), "-o", str(out), "--type", "f32", "--quiet"], check=True)
+        _MEDIUM = str(out)
+    return _MEDIUM
+
+
 class Server:
-    def __init__(self, *args: str, model=None):  # None: the tiny fixture, False: no model (the bundled demo)
+    def __init__(self, *args: str, model=None, ctx: int = 256):  # model None: the tiny fixture, False: no model (the bundled demo)
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [FRIGG, "serve", *([] if model is False else [model or tiny_model()]), "--port", str(self.port), "--threads", "1", "--ctx", "256", *args],
+            [FRIGG, "serve", *([] if model is False else [model or tiny_model()]), "--port", str(self.port), "--threads", "1", "--ctx", str(ctx), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -394,5 +437,75 @@ def test_bundled_demo_model_answers():
         for q, a in [("Hvad er hovedstaden i Frankrig?", "Paris"), ("What is the opposite of hot?", "cold")]:
             r = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": q}], temperature=0, max_tokens=8)
             assert r.choices[0].message.content.strip() == a and r.choices[0].finish_reason == "stop", r
+    finally:
+        assert s.stop() == 0
+
+
+def test_n_choices_wait_for_enough_free_slots():
+    """A request for n choices waits until n streams are free instead of failing when fewer
+    are (found by the soak: `n = 2` failed whenever one of two slots was busy)."""
+    s = Server("--slots", "2", "--queue", "4")
+    try:
+        c = s.client(key="none")
+        started = threading.Event()
+        got = {}
+
+        def long_stream():
+            stream = c.chat.completions.create(model="x", messages=MSG, max_tokens=120, stream=True, extra_body={"ignore_eos": True})
+            for ch in stream:
+                started.set()
+                if ch.choices and ch.choices[0].finish_reason:
+                    got["long"] = ch.choices[0].finish_reason
+
+        t = threading.Thread(target=long_stream)
+        t.start()
+        assert started.wait(timeout=60)
+        r = c.chat.completions.create(model="x", messages=MSG, max_tokens=4, n=2, temperature=1.0, seed=3)
+        assert [ch.index for ch in r.choices] == [0, 1]
+        assert all(ch.finish_reason in ("stop", "length") for ch in r.choices)
+        t.join(timeout=120)
+        assert got.get("long") == "length"
+    finally:
+        assert s.stop() == 0
+
+
+def test_disconnect_mid_prefill_stops_the_prefill_and_frees_the_slot():
+    """A client that leaves while its prompt is being prefilled stops the prefill (ggml is
+    asked between graph nodes) instead of holding the slot until the prefill ends; the next
+    request is unaffected."""
+    import http.client
+
+    s = Server("--slots", "1", "--queue", "4", model=medium_model(), ctx=2048)
+    try:
+        c = s.client(key="none")
+        long_msg = [{"role": "user", "content": " ".join(["hej verden og alle de andre ord"] * 90)}]
+        t0 = time.time()
+        r = c.chat.completions.create(model="x", messages=long_msg, max_tokens=1)
+        full = time.time() - t0  # prefill of the whole prompt, plus a little
+        assert r.usage.prompt_tokens > 1000, r.usage
+        prompt_before = metric(s, "frigg_prompt_tokens_total")
+        generated_before = metric(s, "frigg_generated_tokens_total")
+
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        body = json.dumps({"model": "x", "messages": long_msg, "max_tokens": 50, "stream": True})
+        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        deadline = time.time() + 30
+        while metric(s, "frigg_busy_slots") != 1 and time.time() < deadline:
+            time.sleep(0.01)
+        assert metric(s, "frigg_busy_slots") == 1, "the request was not admitted"
+        time.sleep(full / 4)  # well inside the prefill
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        t_left = time.time()
+        while metric(s, "frigg_busy_slots") != 0 and time.time() < t_left + 60:
+            time.sleep(0.01)
+        freed = time.time() - t_left
+        assert metric(s, "frigg_busy_slots") == 0
+        assert freed < full / 2, f"slot freed {freed:.2f} s after the disconnect; a whole prefill takes {full:.2f} s"
+        # Stopped, not finished: no prompt tokens counted, nothing generated.
+        assert metric(s, "frigg_prompt_tokens_total") == prompt_before
+        assert metric(s, "frigg_generated_tokens_total") == generated_before
+        r = c.chat.completions.create(model="x", messages=MSG, max_tokens=4)
+        assert r.choices[0].message.content is not None
     finally:
         assert s.stop() == 0
