@@ -318,7 +318,23 @@ pub struct MatrixOptions {
     pub steps: usize,
     pub reps: usize,
     pub prefill: usize,
-    pub batched_kernels: bool,
+    /// Which of frigg's CPU decode kernels to time: batch-invariant (true) and/or batched GEMM (false).
+    pub kernels: Vec<bool>,
+    /// Also time llama.cpp's hrm_text on the same file and cell, alternated rep by rep.
+    pub vs_llama: bool,
+}
+
+/// llama.cpp's figures for a matrix cell (its prompt is causal: it has no PrefixLM mode).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct LlamaCell {
+    pub decode_tok_s: Vec<f64>,
+    pub decode_median: f64,
+    /// frigg / llama.cpp decode per alternated pair, and their median.
+    pub decode_ratios: Vec<f64>,
+    pub decode_ratio_median: f64,
+    pub prefill_tok_s: Vec<f64>,
+    pub prefill_median: f64,
+    pub prefill_ratio_median: f64,
 }
 
 /// One cell: decode of `batch` sequences that already hold `context` positions.
@@ -340,9 +356,19 @@ pub struct MatrixCell {
     pub load_before: f64,
     pub load_after: f64,
     pub machine: Machine,
+    #[serde(default)]
+    pub llama: Option<LlamaCell>,
 }
 
 impl MatrixCell {
+    pub fn markdown_header(vs_llama: bool) -> &'static str {
+        if vs_llama {
+            "| file | decode kernels | threads | KV | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range) | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        } else {
+            "| file | decode kernels | threads | KV | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range) | load before → after |\n|---|---|---|---|---|---|---|---|---|"
+        }
+    }
+
     pub fn markdown_row(&self) -> String {
         let file = Path::new(&self.model).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         let range = |v: &[f64]| {
@@ -353,36 +379,63 @@ impl MatrixCell {
                 format!("{lo:.2}–{hi:.2}")
             }
         };
-        format!(
-            "| {file} | {} | {} | {} | {} | {} | **{:.2}** ({}) | {} | {:.2} → {:.2} |",
+        let prefill = |median: f64, v: &[f64]| if self.prefill_tokens > 0 { format!("{median:.1} ({})", range(v)) } else { "–".into() };
+        let head = format!(
+            "| {file} | {} | {} | {} | {} | {} | **{:.2}** ({}) |",
             self.kernels,
             self.threads,
             self.kv_type,
             self.batch,
             self.context,
             self.decode_median,
-            range(&self.decode_tok_s),
-            if self.prefill_tokens > 0 { format!("{:.1} ({})", self.prefill_median, range(&self.prefill_tok_s)) } else { "–".into() },
-            self.load_before,
-            self.load_after
-        )
+            range(&self.decode_tok_s)
+        );
+        let tail = format!(" {:.2} → {:.2} |", self.load_before, self.load_after);
+        match &self.llama {
+            None => format!("{head} {} |{tail}", prefill(self.prefill_median, &self.prefill_tok_s)),
+            Some(l) => format!(
+                "{head} {:.2} ({}) | **{:.2}×** | {} | {} | {} |{tail}",
+                l.decode_median,
+                range(&l.decode_tok_s),
+                l.decode_ratio_median,
+                prefill(self.prefill_median, &self.prefill_tok_s),
+                prefill(l.prefill_median, &l.prefill_tok_s),
+                if self.prefill_tokens > 0 { format!("{:.2}×", l.prefill_ratio_median) } else { "–".into() },
+            ),
+        }
     }
 }
 
 /// Runs every cell: one warm-up step, then `reps` timed repetitions of `steps` batched decode
 /// steps from positions filled to `context` (see `Engine::fill_for_benchmark`), and, per
-/// (model, KV type), a PrefixLM prefill of `prefill` tokens.
+/// (model, KV type, kernels), a PrefixLM prefill of `prefill` tokens. With `vs_llama`, each
+/// repetition of frigg is followed by one of llama.cpp on the same file (its own cache of the
+/// same type, one stream per sequence, each filled by a causal prefill to `context`).
 pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result<Vec<MatrixCell>, String> {
     let mut cells = vec![];
     let max_batch = o.batches.iter().copied().max().unwrap_or(1);
     let max_ctx = o.contexts.iter().copied().max().unwrap_or(0) + o.steps * (o.reps + 1) + 2;
+    let n_ctx = max_ctx.max(o.prefill + 2);
     for m in &o.models {
         for &kv in &o.kv_types {
-            for invariant in [true, false].into_iter().filter(|&inv| inv || o.batched_kernels) {
-                let eopts = EngineOptions { threads: o.threads, n_ctx: max_ctx.max(o.prefill + 2), n_stream: max_batch, kv_type: kv, batch_invariant: invariant, ..Default::default() };
+            let mut peer = if o.vs_llama {
+                let lo = crate::ggml::llama::LlamaOptions {
+                    threads: o.threads,
+                    n_ctx: (n_ctx * max_batch) as u32,
+                    n_batch: n_ctx.max(max_batch) as u32,
+                    causal: true,
+                    n_seq: max_batch as u32,
+                    kv_type: Some(kv.ggml()),
+                };
+                Some(LlamaPeer::load_with(m, &lo).map_err(|e| format!("llama.cpp: {e}"))?)
+            } else {
+                None
+            };
+            for &invariant in &o.kernels {
+                let eopts = EngineOptions { threads: o.threads, n_ctx, n_stream: max_batch, kv_type: kv, batch_invariant: invariant, ..Default::default() };
                 let mut e = Engine::load(m, &eopts).map_err(|e| e.to_string())?;
                 let n_vocab = e.hparams().n_vocab;
-                let mut prefill = vec![];
+                let (mut prefill, mut llama_prefill) = (vec![], vec![]);
                 if o.prefill > 0 {
                     let prompt = prompt_ids(o.prefill, n_vocab);
                     let ones = vec![1; prompt.len()];
@@ -391,18 +444,38 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         e.prefill(0, &prompt, Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
                         prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
                         e.release(0);
+                        if let Some(p) = peer.as_mut() {
+                            p.seq_truncate(0, 0);
+                            let entries: Vec<(i32, i32, u32)> = prompt.iter().enumerate().map(|(i, &t)| (0, i as i32, t)).collect();
+                            let t0 = Instant::now();
+                            p.decode_batch(&entries, false).map_err(|e| format!("llama.cpp: {e}"))?;
+                            llama_prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
+                            p.seq_truncate(0, 0);
+                        }
                     }
                 }
                 for &ctx in &o.contexts {
+                    if let Some(p) = peer.as_mut() {
+                        // Sequence 0 holds `ctx` causal positions; the others are copies.
+                        let fill = prompt_ids(ctx, n_vocab);
+                        for s in 0..max_batch as i32 {
+                            p.seq_truncate(s, 0);
+                        }
+                        let entries: Vec<(i32, i32, u32)> = fill.iter().enumerate().map(|(i, &t)| (0, i as i32, t)).collect();
+                        p.decode_batch(&entries, false).map_err(|e| format!("llama.cpp: {e}"))?;
+                        for s in 1..max_batch as i32 {
+                            p.seq_copy(0, s);
+                        }
+                    }
                     for &b in &o.batches {
                         let load_before = loadavg();
-                        let mut runs = vec![];
+                        let (mut runs, mut llama_runs) = (vec![], vec![]);
                         for rep in 0..=o.reps {
+                            let steps = if rep == 0 { 1 } else { o.steps };
                             for s in 0..b {
                                 e.fill_for_benchmark(s, ctx).map_err(|e| e.to_string())?;
                             }
                             let batch: Vec<(usize, u32)> = (0..b).map(|s| (s, 1000 + s as u32)).collect();
-                            let steps = if rep == 0 { 1 } else { o.steps };
                             let t0 = Instant::now();
                             for _ in 0..steps {
                                 e.decode(&batch).map_err(|e| e.to_string())?;
@@ -413,7 +486,33 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                             for s in 0..b {
                                 e.release(s);
                             }
+                            if let Some(p) = peer.as_mut() {
+                                let t0 = Instant::now();
+                                for step in 0..steps {
+                                    let entries: Vec<(i32, i32, u32)> = (0..b).map(|s| (s as i32, (ctx + step) as i32, 1000 + s as u32)).collect();
+                                    p.decode_batch(&entries, true).map_err(|e| format!("llama.cpp: {e}"))?;
+                                }
+                                if rep > 0 {
+                                    llama_runs.push((b * steps) as f64 / t0.elapsed().as_secs_f64());
+                                }
+                                for s in 0..b as i32 {
+                                    p.seq_truncate(s, ctx as i32);
+                                }
+                            }
                         }
+                        let llama = peer.as_ref().map(|_| {
+                            let ratios: Vec<f64> = runs.iter().zip(&llama_runs).map(|(a, b)| a / b).collect();
+                            let prefill_ratios: Vec<f64> = prefill.iter().zip(&llama_prefill).map(|(a, b)| a / b).collect();
+                            LlamaCell {
+                                decode_median: median(&llama_runs),
+                                decode_tok_s: llama_runs,
+                                decode_ratio_median: median(&ratios),
+                                decode_ratios: ratios,
+                                prefill_median: median(&llama_prefill),
+                                prefill_tok_s: llama_prefill.clone(),
+                                prefill_ratio_median: median(&prefill_ratios),
+                            }
+                        });
                         let cell = MatrixCell {
                             model: m.display().to_string(),
                             kernels: if invariant { "batch-invariant".into() } else { "batched GEMM".into() },
@@ -430,6 +529,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                             load_before,
                             load_after: loadavg(),
                             machine: machine(),
+                            llama,
                         };
                         on_cell(&cell);
                         cells.push(cell);

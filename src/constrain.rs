@@ -76,11 +76,26 @@ impl Num {
     }
 }
 
+/// Where a `\u` escape stands with respect to UTF-16 surrogates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sur {
+    /// Nothing pending.
+    No,
+    /// The escape's first digit was `d`: the second decides (0-7 plain, 8-b high, c-f a lone low).
+    FirstD,
+    /// The escape is a high surrogate (D800–DBFF): `\u` + a low surrogate must follow.
+    High,
+    /// The escape must be a low surrogate (DC00–DFFF).
+    Low,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lex {
     None,
-    /// Inside a string; `esc`: 0 none, 1 after `\`, 2..=5 expecting the (esc-1)th hex digit.
-    Str { esc: u8 },
+    /// Inside a string; `esc`: 0 none, 1 after `\`, 2..=5 expecting the (esc-1)th hex digit
+    /// of a `\u` escape, 6 after a high-surrogate escape (a `\` must follow), 7 after that `\`
+    /// (a `u` must follow). `sur` keeps surrogate escapes paired, as JSON parsers demand.
+    Str { esc: u8, sur: Sur },
     Num { state: Num, len: u8 },
     Lit { word: &'static [u8], at: u8 },
     /// A bare Gemma key, ended by `:`.
@@ -163,7 +178,7 @@ impl ValueMachine {
             }
             _ if b == q => {
                 self.end_value();
-                self.lex = Lex::Str { esc: 0 };
+                self.lex = Lex::Str { esc: 0, sur: Sur::No };
             }
             b'-' => {
                 self.end_value();
@@ -195,7 +210,7 @@ impl ValueMachine {
         match self.dialect {
             Dialect::Json if b == b'"' => {
                 *self.stack.last_mut().expect("in an object") = Frame::ObjColon;
-                self.lex = Lex::Str { esc: 0 };
+                self.lex = Lex::Str { esc: 0, sur: Sur::No };
                 true
             }
             Dialect::GemmaArgs if is_ident(b, true) => {
@@ -257,7 +272,7 @@ impl ValueMachine {
         }
         match self.lex {
             Lex::None => self.structural(b),
-            Lex::Str { esc } if self.utf8_left > 0 || (esc == 0 && b >= 0x80) => {
+            Lex::Str { esc, .. } if self.utf8_left > 0 || (esc == 0 && b >= 0x80) => {
                 if self.utf8_left > 0 {
                     let (lo, hi) = self.utf8_range;
                     if !(lo..=hi).contains(&b) {
@@ -283,8 +298,9 @@ impl ValueMachine {
                 self.utf8_range = range;
                 true
             }
-            Lex::Str { esc } => {
+            Lex::Str { esc, sur } => {
                 let q = self.quote();
+                let str_at = |esc, sur| Lex::Str { esc, sur };
                 match self.dialect {
                     Dialect::GemmaArgs => {
                         if b == q {
@@ -292,30 +308,34 @@ impl ValueMachine {
                         }
                         true
                     }
-                    Dialect::Json => match esc {
-                        0 if b == b'"' => {
-                            self.lex = Lex::None;
-                            true
+                    Dialect::Json => {
+                        let next = match (esc, sur, b) {
+                            (0, _, b'"') => Some(Lex::None),
+                            (0, _, b'\\') => Some(str_at(1, Sur::No)),
+                            (0, _, _) if b >= 0x20 => Some(str_at(0, Sur::No)),
+                            (1, _, b'u') => Some(str_at(2, Sur::No)),
+                            (1, _, _) if b"\"\\/bfnrt".contains(&b) => Some(str_at(0, Sur::No)),
+                            (2, Sur::Low, b'd' | b'D') => Some(str_at(3, Sur::Low)),
+                            (2, Sur::No, b'd' | b'D') => Some(str_at(3, Sur::FirstD)),
+                            (2, Sur::No, _) if b.is_ascii_hexdigit() => Some(str_at(3, Sur::No)),
+                            (3, Sur::Low, b'c'..=b'f' | b'C'..=b'F') => Some(str_at(4, Sur::No)),
+                            (3, Sur::FirstD, b'0'..=b'7') => Some(str_at(4, Sur::No)),
+                            (3, Sur::FirstD, b'8' | b'9' | b'a' | b'b' | b'A' | b'B') => Some(str_at(4, Sur::High)),
+                            (3, Sur::No, _) | (4, _, _) if b.is_ascii_hexdigit() => Some(str_at(esc + 1, sur)),
+                            (5, Sur::High, _) if b.is_ascii_hexdigit() => Some(str_at(6, Sur::No)),
+                            (5, _, _) if b.is_ascii_hexdigit() => Some(str_at(0, Sur::No)),
+                            (6, _, b'\\') => Some(str_at(7, Sur::No)),
+                            (7, _, b'u') => Some(str_at(2, Sur::Low)),
+                            _ => None,
+                        };
+                        match next {
+                            Some(l) => {
+                                self.lex = l;
+                                true
+                            }
+                            None => false,
                         }
-                        0 if b == b'\\' => {
-                            self.lex = Lex::Str { esc: 1 };
-                            true
-                        }
-                        0 => b >= 0x20,
-                        1 if b == b'u' => {
-                            self.lex = Lex::Str { esc: 2 };
-                            true
-                        }
-                        1 if b"\"\\/bfnrt".contains(&b) => {
-                            self.lex = Lex::Str { esc: 0 };
-                            true
-                        }
-                        2..=5 if b.is_ascii_hexdigit() => {
-                            self.lex = Lex::Str { esc: if esc == 5 { 0 } else { esc + 1 } };
-                            true
-                        }
-                        _ => false,
-                    },
+                    }
                 }
             }
             Lex::Num { state, len } => {
@@ -392,8 +412,12 @@ impl ValueMachine {
     fn next_closing_byte(&self) -> u8 {
         match self.lex {
             Lex::Str { .. } if self.utf8_left > 0 => self.utf8_range.0,
-            Lex::Str { esc: 1 } => b'n',
-            Lex::Str { esc: 2..=5 } => b'0',
+            Lex::Str { esc: 1, .. } => b'n',
+            Lex::Str { esc: 2, sur: Sur::Low } => b'd',
+            Lex::Str { esc: 3, sur: Sur::Low } => b'c',
+            Lex::Str { esc: 2..=5, .. } => b'0',
+            Lex::Str { esc: 6, .. } => b'\\',
+            Lex::Str { esc: 7, .. } => b'u',
             Lex::Str { .. } => self.quote(),
             Lex::Num { state, .. } if !state.can_end() => b'0',
             Lex::Lit { word, at } => word[at as usize],
@@ -808,6 +832,20 @@ mod tests {
         let mut m = ValueMachine::new(Dialect::Json);
         assert!(br#"{"a":"#.iter().all(|&b| m.feed(b)));
         assert!((1..MAX_DEPTH).all(|_| m.feed(b'[')) && !m.feed(b'['), "nesting is capped (found by fuzzing: serde_json's recursion limit)");
+        // \u escapes: surrogates only in high+low pairs (found by fuzzing: `{"a\uDa00e`).
+        let after = |text: &[u8]| {
+            let mut m = ValueMachine::new(Dialect::Json);
+            text.iter().all(|&b| m.feed(b)).then_some(m)
+        };
+        assert!(after(br#"{"a\uDa00e"#).is_none(), "a high surrogate must be followed by \\u");
+        assert!(after(br#"{"a\udc00"#).is_none(), "a lone low surrogate");
+        assert!(after(br#"{"a\ud83d\ud83d"#).is_none(), "a high surrogate followed by another high one");
+        assert!(after(br#"{"a":"\ud83d\ude00\u00e6\uD7FF\uE000"}"#).is_some());
+        for prefix in [&br#"{"a\uD"#[..], br#"{"a\ud8"#, br#"{"a\ud83d"#, br#"{"a\ud83d\"#, br#"{"a\ud83d\u"#, br#"{"a\ud83d\ud"#] {
+            let m = after(prefix).unwrap();
+            let text = [prefix, &m.closing()[..]].concat();
+            assert!(serde_json::from_slice::<Value>(&text).is_ok(), "{}", String::from_utf8_lossy(&text));
+        }
         let crash = b"{\"ah,saudhys::,ta45[$1-.,e36= -.,e3&= [4,  2[t\xa3{}}";
         let mut m = ValueMachine::new(Dialect::Json);
         let mut accepted = vec![];

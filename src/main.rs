@@ -312,9 +312,14 @@ enum BenchCommand {
         /// Prompt tokens for the prefill column (0: skip prefill).
         #[arg(long, default_value_t = 128)]
         prefill: usize,
-        /// Also time with ggml's batched GEMM kernels (not batch-invariant).
-        #[arg(long)]
-        batched_kernels: bool,
+        /// frigg's CPU decode kernels to time: `invariant` (ggml's reference kernels, what an
+        /// engine with several streams uses by default), `batched` (tiled GEMM, what one-stream
+        /// engines and --batched-kernels use), or both.
+        #[arg(long, value_delimiter = ',', default_value = "invariant", value_parser = ["invariant", "batched"])]
+        kernels: Vec<String>,
+        /// Time llama.cpp's hrm_text on the same file and cells, alternated with frigg.
+        #[arg(long, value_parser = ["llama.cpp"])]
+        vs: Option<String>,
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -399,8 +404,10 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
             }
             Ok(())
         }
-        BenchCommand::Matrix { models, batches, contexts, kv_types, threads, steps, reps, prefill, batched_kernels, json } => {
-            let o = frigg::bench::MatrixOptions { models, batches, contexts, kv_types, threads, steps, reps, prefill, batched_kernels };
+        BenchCommand::Matrix { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs, json } => {
+            let kernels = kernels.iter().map(|k| k == "invariant").collect();
+            let o = frigg::bench::MatrixOptions { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs_llama: vs.is_some() };
+            println!("{}", frigg::bench::MatrixCell::markdown_header(o.vs_llama));
             let cells = frigg::bench::matrix(&o, |c| println!("{}", c.markdown_row()))?;
             if let Some(p) = json {
                 write_json(&p, &cells)?;
@@ -484,14 +491,18 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
             } else {
                 let mut rows = vec![];
                 let mut machine = None;
+                let mut vs_llama = None;
                 for p in &matrix {
                     let cells: Vec<frigg::bench::MatrixCell> = serde_json::from_str(&read(p)?).map_err(|e| format!("{}: not a `frigg bench matrix` report: {e}", p.display()))?;
                     for c in cells {
+                        if *vs_llama.get_or_insert(c.llama.is_some()) != c.llama.is_some() {
+                            return Err(format!("{}: matrix reports with and without --vs llama.cpp go in separate tables", p.display()));
+                        }
                         rows.push(c.markdown_row());
                         machine.get_or_insert(c.machine);
                     }
                 }
-                (machine, "| file | decode kernels | threads | KV | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range) | load before → after |\n|---|---|---|---|---|---|---|---|---|", rows)
+                (machine, frigg::bench::MatrixCell::markdown_header(vs_llama == Some(true)), rows)
             };
             let Some(m) = machine else { return Err("nothing to render: give --load FILE… or --matrix FILE…".into()) };
             let body = format!(

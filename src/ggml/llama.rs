@@ -19,6 +19,21 @@ pub enum LlamaError {
     Tokenize(String),
 }
 
+/// How a peer's context is made.
+#[derive(Debug, Clone)]
+pub struct LlamaOptions {
+    pub threads: usize,
+    /// Cache cells, shared by all sequences.
+    pub n_ctx: u32,
+    /// The largest batch (and ubatch) one llama_decode takes.
+    pub n_batch: u32,
+    pub causal: bool,
+    /// Sequences decoded together at most.
+    pub n_seq: u32,
+    /// The cache's type (None: llama.cpp's default, f16).
+    pub kv_type: Option<super::GgmlType>,
+}
+
 /// A libllama model with one context.
 #[derive(Debug)]
 pub struct LlamaPeer {
@@ -46,6 +61,10 @@ impl LlamaPeer {
     /// (so a prompt of up to `n_batch` tokens is one forward, as frigg's prefill is).
     /// `causal = false` makes prefill bidirectional (llama_set_causal_attn).
     pub fn load(path: &Path, threads: usize, n_ctx: u32, n_batch: u32, causal: bool) -> Result<LlamaPeer, LlamaError> {
+        Self::load_with(path, &LlamaOptions { threads, n_ctx, n_batch, causal, n_seq: 1, kv_type: None })
+    }
+
+    pub fn load_with(path: &Path, o: &LlamaOptions) -> Result<LlamaPeer, LlamaError> {
         super::route_logs();
         let p = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| LlamaError::Load(path.display().to_string()))?;
         // SAFETY: default params are plain structs; pointers are checked for NULL.
@@ -55,23 +74,67 @@ impl LlamaPeer {
             mp.n_gpu_layers = 0;
             let model = NonNull::new(sys::llama_model_load_from_file(p.as_ptr(), mp)).ok_or_else(|| LlamaError::Load(path.display().to_string()))?;
             let mut cp = sys::llama_context_default_params();
-            cp.n_ctx = n_ctx;
-            cp.n_batch = n_batch;
-            cp.n_ubatch = n_batch;
-            cp.n_threads = threads as i32;
-            cp.n_threads_batch = threads as i32;
+            // One cache shared by all sequences (n_ctx cells in all).
+            cp.n_ctx = o.n_ctx;
+            cp.n_seq_max = o.n_seq.max(1);
+            cp.kv_unified = true;
+            cp.n_batch = o.n_batch;
+            cp.n_ubatch = o.n_batch;
+            cp.n_threads = o.threads as i32;
+            cp.n_threads_batch = o.threads as i32;
             cp.no_perf = true;
+            if let Some(t) = o.kv_type {
+                cp.type_k = t.0;
+                cp.type_v = t.0;
+            }
             let ctx = sys::llama_init_from_model(model.as_ptr(), cp);
             let Some(ctx) = NonNull::new(ctx) else {
                 sys::llama_model_free(model.as_ptr());
                 return Err(LlamaError::Context);
             };
-            if !causal {
+            if !o.causal {
                 sys::llama_set_causal_attn(ctx.as_ptr(), false);
             }
             let n_vocab = sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.as_ptr())) as usize;
             Ok(LlamaPeer { model, ctx, n_vocab, n_past: 0 })
         }
+    }
+
+    /// One llama_decode of `(sequence, position, token)` entries — several sequences in one
+    /// step, as frigg's batched decode — with logits for every entry or only the last.
+    pub fn decode_batch(&mut self, entries: &[(i32, i32, u32)], all_logits: bool) -> Result<(), LlamaError> {
+        let n = entries.len();
+        // SAFETY: llama_batch_init allocates n entries with one sequence id each; all n are
+        // written before the decode, and the batch is freed once.
+        unsafe {
+            let mut b = sys::llama_batch_init(n as i32, 0, 1);
+            for (i, &(seq, pos, tok)) in entries.iter().enumerate() {
+                *b.token.add(i) = tok as i32;
+                *b.pos.add(i) = pos;
+                *b.n_seq_id.add(i) = 1;
+                *(*b.seq_id.add(i)) = seq;
+                *b.logits.add(i) = i8::from(all_logits || i + 1 == n);
+            }
+            b.n_tokens = n as i32;
+            let rc = sys::llama_decode(self.ctx.as_ptr(), b);
+            sys::llama_batch_free(b);
+            if rc != 0 {
+                return Err(LlamaError::Decode(rc));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies sequence `src`'s cache into `dst`.
+    pub fn seq_copy(&mut self, src: i32, dst: i32) {
+        // SAFETY: valid context; -1, -1 = every position.
+        unsafe { sys::llama_memory_seq_cp(sys::llama_get_memory(self.ctx.as_ptr()), src, dst, -1, -1) };
+    }
+
+    /// Drops sequence `seq`'s positions from `from` on (`from = 0`: the whole sequence).
+    pub fn seq_truncate(&mut self, seq: i32, from: i32) {
+        // SAFETY: valid context; -1 = to the end.
+        unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ctx.as_ptr()), seq, from, -1) };
     }
 
     /// Forgets the sequence (clears the KV cache).
