@@ -233,6 +233,28 @@ def test_errors_in_openai_shape(server):
     assert status == 413
 
 
+def test_no_error_reveals_a_server_path(server):
+    """Error bodies name the problem, never where the server's files are."""
+    model_dir = str(Path(tiny_model()).parent)
+    bodies = []
+    for path, body in [
+        ("/v1/chat/completions", b"{not json"),
+        ("/v1/chat/completions", json.dumps({"model": "x", "messages": MSG, "max_tokens": 100000}).encode()),
+        ("/v1/chat/completions", json.dumps({"model": "x", "messages": [{"role": "wizard", "content": "x"}]}).encode()),
+        ("/v1/chat/completions", json.dumps({"model": "x", "messages": MSG, "logit_bias": {"99999999": 1}}).encode()),
+        ("/v1/completions", json.dumps({"model": "x", "prompt": 5}).encode()),
+        ("/detokenize", json.dumps({"tokens": [99999999]}).encode()),
+        ("/tokenize", b"[]"),
+        ("/v1/nothing-here", b"{}"),
+    ]:
+        status, _, payload = server.post(path, body)
+        assert status >= 400, (path, body, status)
+        bodies.append(payload.decode(errors="replace"))
+    for b in bodies:
+        for secret in (model_dir, str(ROOT), "/tmp/", "/root", ".gguf", "src/"):
+            assert secret not in b, (secret, b)
+
+
 TOOLS = [
     {
         "type": "function",
@@ -371,29 +393,33 @@ def test_disconnect_cancels_the_request_and_frees_the_slot():
 
 
 def test_sigterm_drains_in_flight_streams():
-    s = Server("--slots", "2")
+    """SIGTERM with 8 streams in flight: every stream runs to its end with its final events,
+    and the server exits 0."""
+    s = Server("--slots", "8", "--queue", "8")
     got = {}
-    first_chunk = threading.Event()
+    started = [threading.Event() for _ in range(8)]
 
-    def consume():
+    def consume(i):
         text = []
-        stream = s.client(key="none").chat.completions.create(model="x", messages=MSG, max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        stream = s.client(key="none").chat.completions.create(model="x", messages=MSG, max_tokens=150, temperature=0, stream=True, extra_body={"ignore_eos": True})
         for ch in stream:
-            first_chunk.set()
+            started[i].set()
             if ch.choices:
                 text.append(ch.choices[0].delta.content or "")
                 if ch.choices[0].finish_reason:
-                    got["finish"] = ch.choices[0].finish_reason
-        got["text"] = "".join(text)
+                    got[i] = ch.choices[0].finish_reason
+        got[(i, "text")] = "".join(text)
 
-    t = threading.Thread(target=consume)
-    t.start()
-    assert first_chunk.wait(timeout=60)
-    s.proc.send_signal(signal.SIGTERM)  # while the stream is in flight
-    t.join(timeout=120)
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    assert all(e.wait(timeout=60) for e in started)
+    s.proc.send_signal(signal.SIGTERM)  # while all 8 streams are in flight
+    for t in threads:
+        t.join(timeout=120)
     assert s.proc.wait(timeout=120) == 0
-    # drained: the stream ran to its full length instead of being cut
-    assert got.get("finish") == "length", got
+    # drained: every stream ran to its full length instead of being cut
+    assert [got.get(i) for i in range(8)] == ["length"] * 8, got
 
 
 def test_non_loopback_bind_without_a_key_is_refused():
