@@ -23,7 +23,7 @@ pub enum LlamaError {
 #[derive(Debug, Clone)]
 pub struct LlamaOptions {
     pub threads: usize,
-    /// Cache cells, shared by all sequences.
+    /// Cache cells in all, split evenly between the sequences.
     pub n_ctx: u32,
     /// The largest batch (and ubatch) one llama_decode takes.
     pub n_batch: u32,
@@ -74,10 +74,11 @@ impl LlamaPeer {
             mp.n_gpu_layers = 0;
             let model = NonNull::new(sys::llama_model_load_from_file(p.as_ptr(), mp)).ok_or_else(|| LlamaError::Load(path.display().to_string()))?;
             let mut cp = sys::llama_context_default_params();
-            // One cache shared by all sequences (n_ctx cells in all).
+            // One cache stream per sequence, n_ctx / n_seq cells each (as frigg's streams: a
+            // sequence's attention reads only its own cells, and copies are real copies).
             cp.n_ctx = o.n_ctx;
             cp.n_seq_max = o.n_seq.max(1);
-            cp.kv_unified = true;
+            cp.kv_unified = false;
             cp.n_batch = o.n_batch;
             cp.n_ubatch = o.n_batch;
             cp.n_threads = o.threads as i32;
