@@ -13,22 +13,12 @@ dur="${1:-120}"
 shift || true
 runs=("$@")
 [ ${#runs[@]} -gt 0 ] || runs=(tiny mimir-1 mimir-4)
-frigg=./target/release/frigg
-cargo build --release --locked >/dev/null
-mkdir -p docs/bench
-tiny="$(mktemp -d)/tiny-q8_0.gguf"
-$frigg convert tests/fixtures/ckpt/tiny-packed -o "$tiny" --type q8_0 --quiet
+. scripts/serve-lib.sh
 
 one() {  # label model slots max_tokens json ctx
-    local port=$((20000 + RANDOM % 20000))
-    $frigg serve "$2" --port "$port" --slots "$3" --queue 16 --threads "$(nproc)" --ctx "$6" 2>"/tmp/frigg-load-$port.log" &
-    local pid=$!
-    for _ in $(seq 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-        kill -0 $pid 2>/dev/null || { cat "/tmp/frigg-load-$port.log"; exit 1; }
-        sleep 0.5
-    done
-    $frigg bench load --url "http://127.0.0.1:$port" --streams 16 --duration "$dur" --max-tokens "$4" --label "$1" --json "$5" || { kill -TERM $pid; exit 1; }
+    start_server "$2" --slots "$3" --queue 16 --ctx "$6"
+    local pid=$server_pid
+    $frigg bench load --url "$server_url" --streams 16 --duration "$dur" --max-tokens "$4" --label "$1" --json "$5" || { kill -TERM $pid; exit 1; }
     kill -TERM $pid
     wait $pid
 }

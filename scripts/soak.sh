@@ -17,23 +17,13 @@ dur="${1:-600}"
 shift || true
 runs=("$@")
 [ ${#runs[@]} -gt 0 ] || runs=(mimir tiny)
-frigg=./target/release/frigg
-cargo build --release --locked >/dev/null
-mkdir -p docs/bench
-tiny="$(mktemp -d)/tiny-q8_0.gguf"
-$frigg convert tests/fixtures/ckpt/tiny-packed -o "$tiny" --type q8_0 --quiet
+. scripts/serve-lib.sh
 
 one() {  # label model slots ctx max_tokens json
-    local port=$((20000 + RANDOM % 20000))
-    $frigg serve "$2" --port "$port" --slots "$3" --queue 32 --threads "$(nproc)" --ctx "$4" 2>"/tmp/frigg-soak-$port.log" &
-    local pid=$!
-    for _ in $(seq 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-        kill -0 $pid 2>/dev/null || { cat "/tmp/frigg-soak-$port.log"; exit 1; }
-        sleep 0.5
-    done
+    start_server "$2" --slots "$3" --queue 32 --ctx "$4"
+    local pid=$server_pid
     local rc=0
-    $frigg bench load --url "http://127.0.0.1:$port" --streams 32 --duration "$dur" --max-tokens "$5" --mix \
+    $frigg bench load --url "$server_url" --streams 32 --duration "$dur" --max-tokens "$5" --mix \
         --server-pid "$pid" --warmup 60 --label "$1" --json "$6" || rc=$?
     kill -TERM $pid
     local exit_code=0

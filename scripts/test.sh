@@ -28,6 +28,16 @@ cargo build --release --locked
 cargo test --release --locked
 FRIGG_BIN="$root/target/release/frigg" "$venv/bin/python" -m pytest -q tests/python
 
+# Security advisories: cargo audit reads the RustSec advisory database from GitHub. Where that
+# is reachable, cargo-audit is installed and any advisory fails the run; where it is not (this
+# project's machines reach only the package registries), the run says so.
+if timeout 20 git ls-remote https://github.com/rustsec/advisory-db HEAD >/dev/null 2>&1; then
+    cargo audit --version >/dev/null 2>&1 || cargo install cargo-audit --locked
+    cargo audit
+else
+    echo "test: cargo audit not run: the RustSec advisory database (github.com) is unreachable from here"
+fi
+
 # Fuzzing smoke: 60 s per cargo-fuzz target (installs a nightly toolchain and cargo-fuzz when
 # missing). FRIGG_FUZZ=0 skips it (a quick local run); CI runs it.
 if [ "${FRIGG_FUZZ:-1}" != 0 ]; then
