@@ -506,9 +506,12 @@ def test_disconnect_mid_prefill_stops_the_prefill_and_frees_the_slot():
         c = s.client(key="none")
         long_msg = [{"role": "user", "content": " ".join(["hej verden og alle de andre ord"] * 90)}]
         t0 = time.time()
-        r = c.chat.completions.create(model="x", messages=long_msg, max_tokens=1)
+        r = c.chat.completions.create(model="x", messages=long_msg, max_tokens=3, temperature=0)
         full = time.time() - t0  # prefill of the whole prompt, plus a little
         assert r.usage.prompt_tokens > 1000, r.usage
+        # A long prefill sends SSE keep-alive comments; the SDK skips them and the text is the same.
+        chunks = list(c.chat.completions.create(model="x", messages=long_msg, max_tokens=3, temperature=0, stream=True))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == r.choices[0].message.content
         prompt_before = metric(s, "frigg_prompt_tokens_total")
         generated_before = metric(s, "frigg_generated_tokens_total")
 
