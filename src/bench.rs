@@ -445,24 +445,18 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
                         e.release(0);
                         if let Some(p) = peer.as_mut() {
-                            p.seq_truncate(0, 0);
-                            let entries: Vec<(i32, i32, u32)> = prompt.iter().enumerate().map(|(i, &t)| (0, i as i32, t)).collect();
+                            p.clear();
                             let t0 = Instant::now();
-                            p.decode_batch(&entries, false).map_err(|e| format!("llama.cpp: {e}"))?;
+                            p.decode(&prompt).map_err(|e| format!("llama.cpp: {e}"))?;
                             llama_prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
-                            p.seq_truncate(0, 0);
                         }
                     }
                 }
                 for &ctx in &o.contexts {
                     if let Some(p) = peer.as_mut() {
                         // Sequence 0 holds `ctx` causal positions; the others are copies.
-                        let fill = prompt_ids(ctx, n_vocab);
-                        for s in 0..max_batch as i32 {
-                            p.seq_truncate(s, 0);
-                        }
-                        let entries: Vec<(i32, i32, u32)> = fill.iter().enumerate().map(|(i, &t)| (0, i as i32, t)).collect();
-                        p.decode_batch(&entries, false).map_err(|e| format!("llama.cpp: {e}"))?;
+                        p.clear();
+                        p.decode(&prompt_ids(ctx, n_vocab)).map_err(|e| format!("llama.cpp: {e}"))?;
                         for s in 1..max_batch as i32 {
                             p.seq_copy(0, s);
                         }
@@ -490,7 +484,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                                 let t0 = Instant::now();
                                 for step in 0..steps {
                                     let entries: Vec<(i32, i32, u32)> = (0..b).map(|s| (s as i32, (ctx + step) as i32, 1000 + s as u32)).collect();
-                                    p.decode_batch(&entries, true).map_err(|e| format!("llama.cpp: {e}"))?;
+                                    p.decode_batch(&entries).map_err(|e| format!("llama.cpp: {e}"))?;
                                 }
                                 if rep > 0 {
                                     llama_runs.push((b * steps) as f64 / t0.elapsed().as_secs_f64());

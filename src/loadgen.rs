@@ -116,11 +116,8 @@ fn is_loopback(url: &str) -> bool {
 fn one_request(agent: &ureq::Agent, o: &LoadOptions, sets: &[(&'static str, serde_json::Value, bool)], i: usize, stream_no: usize) -> One {
     let (set, extra, streamed) = if o.mix { sets[(i + stream_no) % sets.len()].clone() } else { sets[0].clone() };
     let mut r = One { ok: false, set, error: None, ttft: None, prompt_tokens: 0, completion_tokens: 0 };
-    let content = if set == "json_object" {
-        format!("Answer in JSON. {}", PROMPTS[(i + stream_no) % PROMPTS.len()])
-    } else {
-        PROMPTS[(i + stream_no) % PROMPTS.len()].to_string()
-    };
+    let prompt = PROMPTS[(i + stream_no) % PROMPTS.len()];
+    let content = if set == "json_object" { format!("Answer in JSON. {prompt}") } else { prompt.to_string() };
     let mut body = serde_json::json!({
         "model": "frigg",
         "messages": [{"role": "user", "content": content}],

@@ -102,8 +102,9 @@ impl LlamaPeer {
     }
 
     /// One llama_decode of `(sequence, position, token)` entries — several sequences in one
-    /// step, as frigg's batched decode — with logits for every entry or only the last.
-    pub fn decode_batch(&mut self, entries: &[(i32, i32, u32)], all_logits: bool) -> Result<(), LlamaError> {
+    /// step, as frigg's batched decode — with logits for every entry. (`decode` appends to
+    /// sequence 0 alone.)
+    pub fn decode_batch(&mut self, entries: &[(i32, i32, u32)]) -> Result<(), LlamaError> {
         let n = entries.len();
         // SAFETY: llama_batch_init allocates n entries with one sequence id each; all n are
         // written before the decode, and the batch is freed once.
@@ -114,7 +115,7 @@ impl LlamaPeer {
                 *b.pos.add(i) = pos;
                 *b.n_seq_id.add(i) = 1;
                 *(*b.seq_id.add(i)) = seq;
-                *b.logits.add(i) = i8::from(all_logits || i + 1 == n);
+                *b.logits.add(i) = 1;
             }
             b.n_tokens = n as i32;
             let rc = sys::llama_decode(self.ctx.as_ptr(), b);
