@@ -39,6 +39,12 @@ pub fn meminfo_bytes(field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The first GPU's temperature in °C, from `nvidia-smi` (None without one).
+pub fn gpu_temperature() -> Option<f64> {
+    let out = std::process::Command::new("nvidia-smi").args(["--query-gpu=temperature.gpu", "--format=csv,noheader,nounits", "--id=0"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
 /// The 1-minute load average.
 pub fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok())).unwrap_or(-1.0)
@@ -226,7 +232,10 @@ pub fn write_markdown_block(path: &Path, key: &str, body: &str) -> Result<(), St
 /// ceiling: a decode step must read every weight it uses at least once.
 pub fn bandwidth(threads: usize, bytes: usize, reps: usize) -> f64 {
     let words = bytes / 8;
-    let buf: Vec<u64> = (0..words as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    // backed as frigg backs its weights (huge pages unless FRIGG_HUGE_PAGES=0): same page walks
+    let mut buf: Vec<u64> = Vec::with_capacity(words);
+    crate::hugepages::advise(buf.as_mut_ptr().cast(), words * 8);
+    buf.extend((0..words as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
     let chunk = words.div_ceil(threads.max(1));
     let mut best = 0.0f64;
     let mut sink = 0u64;
@@ -322,6 +331,8 @@ pub struct MatrixOptions {
     pub kernels: Vec<bool>,
     /// Also time llama.cpp's hrm_text on the same file and cell, alternated rep by rep.
     pub vs_llama: bool,
+    /// Run both engines on the first GPU backend compiled in.
+    pub gpu: bool,
 }
 
 /// llama.cpp's figures for a matrix cell (its prompt is causal: it has no PrefixLM mode).
@@ -358,14 +369,21 @@ pub struct MatrixCell {
     pub machine: Machine,
     #[serde(default)]
     pub llama: Option<LlamaCell>,
+    /// The process's anonymous memory in 2 MiB pages after the cell, MiB (absent in records
+    /// from before frigg asked for huge pages; see `hugepages`).
+    #[serde(default)]
+    pub huge_page_mib: Option<u64>,
+    /// GPU temperature before and after the cell, °C (`--device gpu`, from nvidia-smi).
+    #[serde(default)]
+    pub gpu_temp_c: Option<[f64; 2]>,
 }
 
 impl MatrixCell {
     pub fn markdown_header(vs_llama: bool) -> &'static str {
         if vs_llama {
-            "| file | decode kernels | threads | KV | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range) | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "| file | decode kernels | threads | KV | in 2 MiB pages | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range) | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         } else {
-            "| file | decode kernels | threads | KV | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range) | load before → after |\n|---|---|---|---|---|---|---|---|---|"
+            "| file | decode kernels | threads | KV | in 2 MiB pages | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range) | load before → after |\n|---|---|---|---|---|---|---|---|---|---|"
         }
     }
 
@@ -381,16 +399,18 @@ impl MatrixCell {
         };
         let prefill = |median: f64, v: &[f64]| if self.prefill_tokens > 0 { format!("{median:.1} ({})", range(v)) } else { "–".into() };
         let head = format!(
-            "| {file} | {} | {} | {} | {} | {} | **{:.2}** ({}) |",
+            "| {file} | {} | {} | {} | {} | {} | {} | **{:.2}** ({}) |",
             self.kernels,
             self.threads,
             self.kv_type,
+            self.huge_page_mib.map(|m| format!("{m} MiB")).unwrap_or_else(|| "–".into()),
             self.batch,
             self.context,
             self.decode_median,
             range(&self.decode_tok_s)
         );
-        let tail = format!(" {:.2} → {:.2} |", self.load_before, self.load_after);
+        let temp = self.gpu_temp_c.map(|[a, b]| format!(" · GPU {a:.0} → {b:.0} °C")).unwrap_or_default();
+        let tail = format!(" {:.2} → {:.2}{temp} |", self.load_before, self.load_after);
         match &self.llama {
             None => format!("{head} {} |{tail}", prefill(self.prefill_median, &self.prefill_tok_s)),
             Some(l) => format!(
@@ -426,13 +446,14 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                     causal: true,
                     n_seq: max_batch as u32,
                     kv_type: Some(kv.ggml()),
+                    gpu: o.gpu,
                 };
                 Some(LlamaPeer::load_with(m, &lo).map_err(|e| format!("llama.cpp: {e}"))?)
             } else {
                 None
             };
             for &invariant in &o.kernels {
-                let eopts = EngineOptions { threads: o.threads, n_ctx, n_stream: max_batch, kv_type: kv, batch_invariant: invariant, ..Default::default() };
+                let eopts = EngineOptions { threads: o.threads, n_ctx, n_stream: max_batch, kv_type: kv, batch_invariant: invariant, gpu: o.gpu, ..Default::default() };
                 let mut e = Engine::load(m, &eopts).map_err(|e| e.to_string())?;
                 let n_vocab = e.hparams().n_vocab;
                 let (mut prefill, mut llama_prefill) = (vec![], vec![]);
@@ -463,6 +484,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                     }
                     for &b in &o.batches {
                         let load_before = loadavg();
+                        let temp_before = if o.gpu { gpu_temperature() } else { None };
                         let (mut runs, mut llama_runs) = (vec![], vec![]);
                         for rep in 0..=o.reps {
                             let steps = if rep == 0 { 1 } else { o.steps };
@@ -509,7 +531,11 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         });
                         let cell = MatrixCell {
                             model: m.display().to_string(),
-                            kernels: if invariant { "batch-invariant".into() } else { "batched GEMM".into() },
+                            kernels: match (o.gpu, invariant) {
+                                (true, _) => "GPU".into(),
+                                (false, true) => "batch-invariant".into(),
+                                (false, false) => "batched GEMM".into(),
+                            },
                             batch: b,
                             context: ctx,
                             kv_type: format!("{kv:?}").to_lowercase(),
@@ -524,6 +550,8 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                             load_after: loadavg(),
                             machine: machine(),
                             llama,
+                            huge_page_mib: crate::hugepages::process_huge_bytes().map(|b| b >> 20),
+                            gpu_temp_c: temp_before.zip(if o.gpu { gpu_temperature() } else { None }).map(|(a, b)| [a, b]),
                         };
                         on_cell(&cell);
                         cells.push(cell);

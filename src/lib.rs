@@ -8,6 +8,7 @@ pub mod engine;
 pub mod eval;
 pub mod generate;
 pub mod ggml;
+pub mod hugepages;
 pub mod inspect;
 pub mod loadgen;
 pub mod model;

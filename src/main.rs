@@ -32,13 +32,18 @@ struct RunnerArgs {
     batched_kernels: bool,
 }
 
+/// `--device`: false for cpu, true for the first GPU backend compiled in.
+fn parse_device(device: &str) -> Result<bool, String> {
+    match device {
+        "cpu" => Ok(false),
+        "gpu" | "cuda" => Ok(true),
+        other => Err(format!("--device {other}: expected cpu or gpu")),
+    }
+}
+
 impl RunnerArgs {
     fn engine_options(&self, n_stream: usize) -> Result<EngineOptions, String> {
-        let gpu = match self.device.as_str() {
-            "cpu" => false,
-            "gpu" | "cuda" => true,
-            other => return Err(format!("--device {other}: expected cpu or gpu")),
-        };
+        let gpu = parse_device(&self.device)?;
         let mut o = EngineOptions { n_ctx: self.ctx.unwrap_or(0), n_stream, kv_type: self.kv_type, gpu, batch_invariant: !self.batched_kernels, ..Default::default() };
         if let Some(t) = self.threads {
             o.threads = t.max(1);
@@ -184,6 +189,9 @@ enum Command {
         markdown: Option<PathBuf>,
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// cpu, or gpu (builds with --features cuda/vulkan/metal); the bounds are the CPU's.
+        #[arg(long, default_value = "cpu")]
+        device: String,
     },
     /// Serve an OpenAI-compatible API (chat/completions, completions, models, health, metrics,
     /// tokenize, detokenize) with continuous batching. Without MODEL: the bundled demo model.
@@ -320,6 +328,10 @@ enum BenchCommand {
         /// Time llama.cpp's hrm_text on the same file and cells, alternated with frigg.
         #[arg(long, value_parser = ["llama.cpp"])]
         vs: Option<String>,
+        /// cpu, or gpu (builds with --features cuda/vulkan/metal): frigg's weights, cache and
+        /// graphs on the first GPU, and llama.cpp's with every layer offloaded.
+        #[arg(long, default_value = "cpu")]
+        device: String,
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -404,9 +416,10 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
             }
             Ok(())
         }
-        BenchCommand::Matrix { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs, json } => {
+        BenchCommand::Matrix { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs, device, json } => {
             let kernels = kernels.iter().map(|k| k == "invariant").collect();
-            let o = frigg::bench::MatrixOptions { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs_llama: vs.is_some() };
+            let gpu = parse_device(&device)?;
+            let o = frigg::bench::MatrixOptions { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs_llama: vs.is_some(), gpu };
             println!("{}", frigg::bench::MatrixCell::markdown_header(o.vs_llama));
             let cells = frigg::bench::matrix(&o, |c| println!("{}", c.markdown_row()))?;
             if let Some(p) = json {
@@ -606,7 +619,7 @@ fn main() -> ExitCode {
         Command::Logits { model, cases, out, full_logits, dump_dir, dump_filter, runner } => {
             exit(logits(&model, &cases, &out, full_logits, dump_dir.map(|d| (d, dump_filter)), &runner))
         }
-        Command::Parity { fixtures, eps, json, markdown, threads } => exit(parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads)),
+        Command::Parity { fixtures, eps, json, markdown, threads, device } => exit(parse_device(&device).and_then(|gpu| parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads, gpu))),
         Command::Bench(cmd) => exit(bench(cmd)),
         Command::Eval { models, task, data, arms, threads, max_tokens, limit, json, markdown, key } => exit(eval(models, task, data, arms, threads, max_tokens, limit, json, markdown, key)),
         Command::Serve { model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, runner } => {
@@ -799,7 +812,7 @@ fn logits(model: &Path, cases: &Path, out: &Path, full: bool, dump: Option<(Path
     Ok(())
 }
 
-fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path>, threads: usize) -> Result<(), String> {
+fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path>, threads: usize, gpu: bool) -> Result<(), String> {
     let mut reports = vec![];
     let mut md = String::from("| tier (weights / KV) | fixture | cases | max \\|Δlogit\\| | mean of per-case max | last-row argmax | greedy tokens | identical sequences | verify rows |\n|---|---|---|---|---|---|---|---|---|\n");
     println!("{:6} {:20} {:>6} {:>12} {:>12} {:>9} {:>13} {:>9} {:>10}", "tier", "fixture", "cases", "max|Δlogit|", "mean max|Δ|", "argmax", "greedy tokens", "seqs", "verify");
@@ -815,7 +828,7 @@ fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path
             if !ckpt.is_dir() {
                 continue;
             }
-            let r = frigg::parity::run_tier(&ckpt, &fixtures.join("goldens").join(format!("{name}.jsonl")), tier, eps, threads)?;
+            let r = frigg::parity::run_tier(&ckpt, &fixtures.join("goldens").join(format!("{name}.jsonl")), tier, eps, threads, gpu)?;
             println!(
                 "{:6} {:20} {:>6} {:>12.2e} {:>12.2e} {:>4}/{:<4} {:>6}/{:<6} {:>4}/{:<4} {:>5}/{:<4}",
                 r.tier, r.fixture, r.cases, r.max_abs_diff, r.mean_max_abs_diff, r.argmax_agreed, r.argmax_judged,
@@ -835,7 +848,8 @@ fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path
         let (Some(a), Some(b)) = (doc.find(begin), doc.find(end)) else {
             return Err(format!("{}: no {begin} … {end} markers", p.display()));
         };
-        let cmd = format!("frigg parity --threads {threads} --eps {eps} --markdown {}", p.display());
+        let device = if gpu { " --device gpu" } else { "" };
+        let cmd = format!("frigg parity --threads {threads} --eps {eps}{device} --markdown {}", p.display());
         let body = format!("{begin}\nGenerated by `{cmd}` (frigg {}, {} threads).\n\n{md}", frigg::long_version(), threads);
         std::fs::write(p, format!("{}{}{}", &doc[..a], body, &doc[b..])).map_err(|e| format!("{}: {e}", p.display()))?;
     }

@@ -173,6 +173,8 @@ pub const TIERS: [Tier; 4] = [
 pub struct TierReport {
     pub tier: String,
     pub fixture: String,
+    /// "cpu", or "gpu" (ggml's first GPU backend).
+    pub device: String,
     pub cases: usize,
     pub max_abs_diff: f32,
     pub mean_max_abs_diff: f32,
@@ -186,7 +188,7 @@ pub struct TierReport {
 }
 
 /// Converts a fixture checkpoint at `tier`, runs its golden cases and summarizes.
-pub fn run_tier(ckpt: &std::path::Path, goldens: &std::path::Path, tier: Tier, eps: f32, threads: usize) -> Result<TierReport, String> {
+pub fn run_tier(ckpt: &std::path::Path, goldens: &std::path::Path, tier: Tier, eps: f32, threads: usize, gpu: bool) -> Result<TierReport, String> {
     let dir = std::env::temp_dir().join(format!("frigg-parity-{}-{}", std::process::id(), tier.name));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let gguf = dir.join("model.gguf");
@@ -208,11 +210,12 @@ pub fn run_tier(ckpt: &std::path::Path, goldens: &std::path::Path, tier: Tier, e
         max_len = max_len.max(case.input_ids.len() + case.max_new + 1);
         pairs.push((case, golden));
     }
-    let eopts = crate::engine::EngineOptions { threads, n_ctx: max_len, n_stream: 1, kv_type: tier.kv, ..Default::default() };
+    let eopts = crate::engine::EngineOptions { threads, n_ctx: max_len, n_stream: 1, kv_type: tier.kv, gpu, ..Default::default() };
     let mut engine = Engine::load(&gguf, &eopts).map_err(|e| e.to_string())?;
     let mut r = TierReport {
         tier: tier.name.into(),
         fixture: ckpt.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        device: if gpu { "gpu" } else { "cpu" }.into(),
         cases: pairs.len(),
         max_abs_diff: 0.0,
         mean_max_abs_diff: 0.0,

@@ -51,7 +51,7 @@ fn bf16_and_q8_0_tiers_stay_within_their_derived_bounds() {
     for fixture in ["tiny-packed", "tiny-split", "tiny-packed-bf16", "small-h3l2-packed"] {
         let goldens = fixtures().join("goldens").join(format!("{fixture}.jsonl"));
         for (tier, max_diff, min_argmax) in [(TIERS[1], 0.08f32, 17usize), (TIERS[2], 0.27, 15)] {
-            let r = run_tier(&ckpt(fixture), &goldens, tier, EPS, 1).unwrap();
+            let r = run_tier(&ckpt(fixture), &goldens, tier, EPS, 1, false).unwrap();
             eprintln!("{} {fixture}: max |Δlogit| {:.3e}, argmax {}/{}", r.tier, r.max_abs_diff, r.argmax_agreed, r.argmax_judged);
             assert!(r.max_abs_diff <= max_diff, "{} {fixture}: max |Δlogit| {} > {max_diff}", r.tier, r.max_abs_diff);
             assert!(r.argmax_agreed >= min_argmax.min(r.argmax_judged), "{} {fixture}: argmax {}/{}", r.tier, r.argmax_agreed, r.argmax_judged);

@@ -217,6 +217,18 @@ impl Buffer {
         unsafe { sys::ggml_backend_buffer_clear(self.ptr.as_ptr(), value) }
     }
 
+    /// Host memory only, and only before anything is written: ggml's CPU buffers come from
+    /// `ggml_aligned_malloc`, fresh untouched pages for buffers this size.
+    fn advise_huge_pages(&self) {
+        // SAFETY: valid buffer; base and size describe memory it owns.
+        unsafe {
+            if sys::ggml_backend_buffer_is_host(self.ptr.as_ptr()) {
+                let base = sys::ggml_backend_buffer_get_base(self.ptr.as_ptr()) as *mut u8;
+                crate::hugepages::advise(base, self.size());
+            }
+        }
+    }
+
     pub fn mark_weights(&self) {
         // SAFETY: valid buffer.
         unsafe { sys::ggml_backend_buffer_set_usage(self.ptr.as_ptr(), sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) }
@@ -277,7 +289,9 @@ impl Context {
         // SAFETY: every tensor in the context is unallocated; the returned buffer owns the memory.
         let p = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(self.raw(), buft.0) };
         let bytes = self.total_bytes();
-        NonNull::new(p).map(|ptr| Buffer { ptr }).ok_or_else(|| ComputeError::Alloc { what: format!("{what} ({})", buft.name()), bytes })
+        let buffer = NonNull::new(p).map(|ptr| Buffer { ptr }).ok_or_else(|| ComputeError::Alloc { what: format!("{what} ({})", buft.name()), bytes })?;
+        buffer.advise_huge_pages();
+        Ok(buffer)
     }
 
     fn total_bytes(&self) -> usize {

@@ -32,6 +32,8 @@ pub struct LlamaOptions {
     pub n_seq: u32,
     /// The cache's type (None: llama.cpp's default, f16).
     pub kv_type: Option<super::GgmlType>,
+    /// Offload every layer to the first GPU (builds with a GPU backend) instead of none.
+    pub gpu: bool,
 }
 
 /// A libllama model with one context.
@@ -61,7 +63,7 @@ impl LlamaPeer {
     /// (so a prompt of up to `n_batch` tokens is one forward, as frigg's prefill is).
     /// `causal = false` makes prefill bidirectional (llama_set_causal_attn).
     pub fn load(path: &Path, threads: usize, n_ctx: u32, n_batch: u32, causal: bool) -> Result<LlamaPeer, LlamaError> {
-        Self::load_with(path, &LlamaOptions { threads, n_ctx, n_batch, causal, n_seq: 1, kv_type: None })
+        Self::load_with(path, &LlamaOptions { threads, n_ctx, n_batch, causal, n_seq: 1, kv_type: None, gpu: false })
     }
 
     pub fn load_with(path: &Path, o: &LlamaOptions) -> Result<LlamaPeer, LlamaError> {
@@ -71,7 +73,7 @@ impl LlamaPeer {
         unsafe {
             sys::llama_backend_init();
             let mut mp = sys::llama_model_default_params();
-            mp.n_gpu_layers = 0;
+            mp.n_gpu_layers = if o.gpu { 999 } else { 0 }; // more than any model has: all layers and the output
             let model = NonNull::new(sys::llama_model_load_from_file(p.as_ptr(), mp)).ok_or_else(|| LlamaError::Load(path.display().to_string()))?;
             let mut cp = sys::llama_context_default_params();
             // One cache stream per sequence, n_ctx / n_seq cells each (as frigg's streams: a
