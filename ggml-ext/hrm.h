@@ -89,6 +89,9 @@ struct hrm_step {
     int32_t n_out;      // rows that get logits
     int32_t first;      // 1: the sequence's first forward (prefill, verify): attention runs over
                         // this step's own keys/values, which are also written to the cache
+    int32_t cpu_decode_attention;  // 1: decode steps (first == 0, one token per stream) attend
+                        // with hrm_decode_attention instead of ggml_flash_attn_ext; CPU backends
+                        // only (a custom op), F16/F32 caches only (others keep flash attention)
 };
 
 // The step's inputs (filled by the caller before compute) and its output.
@@ -111,6 +114,14 @@ struct hrm_step_io {
 int hrm_build_forward(struct ggml_context * ctx, struct ggml_cgraph * gf,
                       const struct hrm_model * model, const struct hrm_kv_cache * kv,
                       const struct hrm_step * step, struct hrm_step_io * io);
+
+// Decode attention on the CPU (hrm_attn.c): softmax(q·kᵀ/sqrt(hd) + mask)·v per stream and head,
+// in F32. q [hd, nh, S] F32; k, v [hd, nh, n_kv, S] views of the cache (F16 or F32);
+// mask F16 [n_kv, 1, 1, S]. Returns F32 [hd, nh, 1, S], the layout flash attention returns.
+int hrm_decode_attention_supported(enum ggml_type kv_type);
+struct ggml_tensor * hrm_decode_attention(struct ggml_context * ctx, struct ggml_tensor * q,
+                                          struct ggml_tensor * k, struct ggml_tensor * v,
+                                          struct ggml_tensor * mask);
 
 // Upper bound on the graph nodes hrm_build_forward adds for this model.
 size_t hrm_graph_nodes(const struct hrm_hparams * hp);

@@ -18,6 +18,18 @@ struct hrm_build {
     int64_t                     n_tok;  // n_tokens * n_stream
 };
 
+// ggml's flash attention for q [hd, nh, n_tok] over k, v [hd, nh, n_kv, S] → [hd, nh, T, S].
+static struct ggml_tensor * hrm_flash_attention(struct hrm_build * b, struct ggml_tensor * q,
+                                                struct ggml_tensor * k, struct ggml_tensor * v) {
+    struct ggml_context * ctx = b->ctx;
+    const int64_t hd = q->ne[0], nh = q->ne[1], T = b->step->n_tokens, S = b->step->n_stream;
+    struct ggml_tensor * q4 = ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, nh, T, S), 0, 2, 1, 3);  // [hd, T, nh, S]
+    struct ggml_tensor * att = ggml_flash_attn_ext(ctx, q4, ggml_permute(ctx, k, 0, 2, 1, 3), ggml_permute(ctx, v, 0, 2, 1, 3),
+                                                   b->io->mask, 1.0f / sqrtf((float) hd), 0.0f, 0.0f);
+    ggml_prec_set_acc(att, GGML_PREC_F32);
+    return att;
+}
+
 // Attention for one layer at one virtual slot.
 //   n: [n_embd, n_tok] normed input → [n_head*head_dim, n_tok] gated attention output (pre o_proj)
 static struct ggml_tensor * hrm_attention(struct hrm_build * b, const struct hrm_layer * w,
@@ -50,10 +62,7 @@ static struct ggml_tensor * hrm_attention(struct hrm_build * b, const struct hrm
     ggml_build_forward_expand(b->gf, ggml_set_rows(ctx, kc, k2, b->io->kv_rows));
     ggml_build_forward_expand(b->gf, ggml_set_rows(ctx, vc, v, b->io->kv_rows));
 
-    // q: [hd, T, nh, S]
-    struct ggml_tensor * q4 = ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, nh, T, S), 0, 2, 1, 3);
-    struct ggml_tensor * ka;
-    struct ggml_tensor * va;
+    struct ggml_tensor * att;  // [hd, nh, T, S]
     if (b->step->first) {
         // First forward: attend over this step's own keys/values, rounded to the cache type so
         // prefill sees exactly what later decode steps read back.
@@ -63,22 +72,21 @@ static struct ggml_tensor * hrm_attention(struct hrm_build * b, const struct hrm
             kf = ggml_cast(ctx, kf, kc->type);
             vf = ggml_cast(ctx, vf, vc->type);
         }
-        ka = ggml_permute(ctx, ggml_reshape_4d(ctx, kf, hd, nh, T, S), 0, 2, 1, 3);
-        va = ggml_permute(ctx, ggml_reshape_4d(ctx, vf, hd, nh, T, S), 0, 2, 1, 3);
+        att = hrm_flash_attention(b, q, ggml_reshape_4d(ctx, kf, hd, nh, T, S), ggml_reshape_4d(ctx, vf, hd, nh, T, S));
     } else {
-        // Cached: cells 0..n_kv of streams 0..S, [hd, n_kv, nh, S]. The set_rows above runs first
+        // Cached: cells 0..n_kv of streams 0..S, [hd, nh, n_kv, S]. The set_rows above runs first
         // (it is earlier in the graph and writes the same tensor).
         const int64_t n_kv = b->step->n_kv;
         const size_t rk = ggml_row_size(kc->type, hd), rv = ggml_row_size(vc->type, hd);
-        ka = ggml_view_4d(ctx, kc, hd, nh, n_kv, S, rk, rk * nh, rk * nh * b->kv->n_ctx, 0);
-        va = ggml_view_4d(ctx, vc, hd, nh, n_kv, S, rv, rv * nh, rv * nh * b->kv->n_ctx, 0);
-        ka = ggml_permute(ctx, ka, 0, 2, 1, 3);
-        va = ggml_permute(ctx, va, 0, 2, 1, 3);
+        struct ggml_tensor * ka = ggml_view_4d(ctx, kc, hd, nh, n_kv, S, rk, rk * nh, rk * nh * b->kv->n_ctx, 0);
+        struct ggml_tensor * va = ggml_view_4d(ctx, vc, hd, nh, n_kv, S, rv, rv * nh, rv * nh * b->kv->n_ctx, 0);
+        if (b->step->cpu_decode_attention && T == 1 && kc->type == vc->type && hrm_decode_attention_supported(kc->type)) {
+            att = hrm_decode_attention(ctx, q, ka, va, b->io->mask);
+        } else {
+            att = hrm_flash_attention(b, q, ka, va);
+        }
     }
-
-    struct ggml_tensor * att = ggml_flash_attn_ext(ctx, q4, ka, va, b->io->mask, 1.0f / sqrtf((float) hd), 0.0f, 0.0f);
-    ggml_prec_set_acc(att, GGML_PREC_F32);
-    att = ggml_reshape_2d(ctx, att, hd * nh, b->n_tok);  // result is [hd, nh, T, S]
+    att = ggml_reshape_2d(ctx, att, hd * nh, b->n_tok);
     HRM_NAME(att, slot, "attn_pregate");
 
     // sigmoid gate per head element, as the reference's sigmoid(gate_proj(n)) * attn
