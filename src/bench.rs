@@ -531,10 +531,12 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         });
                         let cell = MatrixCell {
                             model: m.display().to_string(),
-                            kernels: match (o.gpu, invariant) {
-                                (true, _) => "GPU".into(),
-                                (false, true) => "batch-invariant".into(),
-                                (false, false) => "batched GEMM".into(),
+                            kernels: match (o.gpu, invariant, eopts.flash_decode) {
+                                (true, _, _) => "GPU".into(),
+                                (false, true, false) => "batch-invariant".into(),
+                                (false, false, false) => "batched GEMM".into(),
+                                (false, true, true) => "batch-invariant, flash attention".into(),
+                                (false, false, true) => "batched GEMM, flash attention".into(),
                             },
                             batch: b,
                             context: ctx,
