@@ -1,14 +1,16 @@
 // Decode attention on the CPU: one query per stream over that stream's cached keys and values.
 //
 // Why not ggml_flash_attn_ext: on one query row ggml's CPU kernel converts the query to F16,
-// walks the keys one by one with an online softmax and, per key, a scalar exp and a rescale of
-// the running output. Decode then reads the cache at about a third of the speed it reads weights
-// (perf, full Mimir shape, 2 threads: attention 19% of a step for 8% of its bytes). Here each
-// (stream, head) is two plain passes: scores for every unmasked cell (F32 query, F16/F32 keys,
-// F32 sums), then an exact softmax and the weighted sum of values, all in F32.
+// walks one head's 256 bytes per 3 KiB cache cell at a time with an online softmax, and per key
+// does a scalar exp and a rescale of the running output. Decode then read the cache at about a
+// third of the speed it reads weights (perf, full Mimir shape, 2 threads: attention 19% of a step
+// for 8% of its bytes). Here the cells are cut into chunks of HRM_ATTN_CHUNK; a task is one
+// (stream, chunk), reads each cell's keys and then its values for every head in one contiguous
+// run, and keeps the query and every sum in F32 (two plain passes per chunk: scores, then
+// exp and the weighted values); a second op combines a stream's chunks in order.
 //
-// Each (stream, head) is computed alone and in a fixed order, so a stream's output does not
-// depend on which other streams share the step (batch invariance holds by construction).
+// Nothing depends on the other streams of the step or on how tasks fall to threads, so a
+// stream's output is the same alone or batched (batch invariance holds by construction).
 
 #include "hrm.h"
 
@@ -76,78 +78,112 @@ static void hrm_axpy(float * out, float p, const void * v, enum ggml_type vt, in
     }
 }
 
-// dst [hd, nh, 1, S] F32; src: q [hd, nh, S] F32, k and v [hd, nh, n_kv, S] views (any strides),
-// mask F16 [n_kv, 1, 1, S]. A task is one stream's group of consecutive heads (groups of all heads
-// once there are as many streams as threads): the cache is read cell by cell, each cell's heads of
-// the group in one contiguous run, rather than one head's 256 bytes per 3 KiB cell at a time.
-static void hrm_decode_attention_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+// Cells per chunk. Chunk boundaries are absolute cell indices, never derived from n_kv (which
+// follows the longest stream of the batch), and empty chunks drop out exactly, so a stream's
+// result does not depend on its neighbours.
+#define HRM_ATTN_CHUNK 128
+
+// Pass 1: partial attention of one (stream, chunk of cells), all heads, reading each cell's keys
+// and then its values as one contiguous run. dst [hd + 2, nh, n_chunk, S] F32 per head: the
+// unnormalized weighted sum of values, then the chunk's max score and its sum of exp(score - max)
+// (max -inf, sum 0 when every cell of the chunk is masked). src: q [hd, nh, S] F32,
+// k and v [hd, nh, n_kv, S] views (any strides), mask F16 [n_kv, 1, 1, S].
+static void hrm_attn_chunks_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     const struct ggml_tensor * q = dst->src[0];
     const struct ggml_tensor * k = dst->src[1];
     const struct ggml_tensor * v = dst->src[2];
     const struct ggml_tensor * mask = dst->src[3];
-    const int hd = (int) q->ne[0], nh = (int) q->ne[1], n_stream = (int) q->ne[2], n_kv = (int) k->ne[2];
+    const int hd = (int) q->ne[0], nh = (int) q->ne[1], n_kv = (int) k->ne[2];
+    const int n_chunk = (int) dst->ne[2], n_stream = (int) dst->ne[3];
     const float scale = 1.0f / sqrtf((float) hd);
-    int groups = (nth + n_stream - 1) / n_stream;  // head groups per stream
-    groups = groups < 1 ? 1 : (groups > nh ? nh : groups);
-    const int per_group = (nh + groups - 1) / groups;
 
-    // scores[h - h0][j] of the task's heads, then their softmax weights in place
-    float * scores = malloc(sizeof(float) * (size_t) per_group * (size_t) n_kv);
+    float * scores = malloc(sizeof(float) * (size_t) nh * HRM_ATTN_CHUNK);  // [h][j - j0]
     if (scores == NULL) {
         return;  // out of memory in a worker: dst keeps what it held (ggml ops cannot fail)
     }
-    for (int task = ith; task < n_stream * groups; task += nth) {
-        const int s = task / groups, h0 = (task % groups) * per_group;
-        const int h1 = h0 + per_group < nh ? h0 + per_group : nh;
+    for (int task = ith; task < n_stream * n_chunk; task += nth) {
+        const int s = task / n_chunk, c = task % n_chunk;
+        const int j0 = c * HRM_ATTN_CHUNK, j1 = j0 + HRM_ATTN_CHUNK < n_kv ? j0 + HRM_ATTN_CHUNK : n_kv;
         const ggml_fp16_t * mr = (const ggml_fp16_t *) ((const char *) mask->data + s * mask->nb[3]);
-        for (int h = h0; h < h1; ++h) {
-            memset((char *) dst->data + h * dst->nb[1] + s * dst->nb[3], 0, sizeof(float) * (size_t) hd);
-        }
+        float * part = (float *) ((char *) dst->data + c * dst->nb[2] + s * dst->nb[3]);  // head h at h*nb1
 
-        int any = 0;
-        for (int j = 0; j < n_kv; ++j) {
+        for (int h = 0; h < nh; ++h) {
+            float * ph = (float *) ((char *) part + h * dst->nb[1]);
+            memset(ph, 0, sizeof(float) * (size_t) hd);
+            ph[hd] = -INFINITY;
+            ph[hd + 1] = 0.0f;
+        }
+        for (int j = j0; j < j1; ++j) {
             const float m = ggml_fp16_to_fp32(mr[j]);
-            for (int h = h0; h < h1; ++h) {
-                float * sc = scores + (size_t) (h - h0) * n_kv;
+            for (int h = 0; h < nh; ++h) {
+                float * sc = scores + (size_t) h * HRM_ATTN_CHUNK + (j - j0);
                 if (m == -INFINITY) {
-                    sc[j] = -INFINITY;
+                    *sc = -INFINITY;
                     continue;
                 }
                 const float * qr = (const float *) ((const char *) q->data + h * q->nb[1] + s * q->nb[2]);
-                sc[j] = hrm_dot((const char *) k->data + h * k->nb[1] + j * k->nb[2] + s * k->nb[3], k->type, qr, hd) * scale + m;
-                any = 1;
+                *sc = hrm_dot((const char *) k->data + h * k->nb[1] + j * k->nb[2] + s * k->nb[3], k->type, qr, hd) * scale + m;
+                float * ph = (float *) ((char *) part + h * dst->nb[1]);
+                ph[hd] = *sc > ph[hd] ? *sc : ph[hd];
             }
         }
-        if (!any) {
-            continue;  // nothing visible (a padded stream): zeros, as flash attention gives
-        }
-        for (int h = h0; h < h1; ++h) {  // softmax weights, in place
-            float * sc = scores + (size_t) (h - h0) * n_kv;
-            float max = -INFINITY, sum = 0.0f;
-            for (int j = 0; j < n_kv; ++j) {
-                max = sc[j] > max ? sc[j] : max;
-            }
-            for (int j = 0; j < n_kv; ++j) {
-                sc[j] = sc[j] == -INFINITY ? 0.0f : expf(sc[j] - max);
-                sum += sc[j];
-            }
-            const float inv = 1.0f / sum;
-            for (int j = 0; j < n_kv; ++j) {
-                sc[j] *= inv;
+        for (int h = 0; h < nh; ++h) {  // exp(score - chunk max) in place, and their sum
+            float * ph = (float *) ((char *) part + h * dst->nb[1]);
+            float * sc = scores + (size_t) h * HRM_ATTN_CHUNK;
+            for (int j = 0; j < j1 - j0; ++j) {
+                sc[j] = sc[j] == -INFINITY ? 0.0f : expf(sc[j] - ph[hd]);
+                ph[hd + 1] += sc[j];
             }
         }
-        for (int j = 0; j < n_kv; ++j) {
+        for (int j = j0; j < j1; ++j) {
             if (ggml_fp16_to_fp32(mr[j]) == -INFINITY) {
                 continue;
             }
-            for (int h = h0; h < h1; ++h) {
-                float * out = (float *) ((char *) dst->data + h * dst->nb[1] + s * dst->nb[3]);
-                hrm_axpy(out, scores[(size_t) (h - h0) * n_kv + j], (const char *) v->data + h * v->nb[1] + j * v->nb[2] + s * v->nb[3], v->type, hd);
+            for (int h = 0; h < nh; ++h) {
+                hrm_axpy((float *) ((char *) part + h * dst->nb[1]), scores[(size_t) h * HRM_ATTN_CHUNK + (j - j0)],
+                         (const char *) v->data + h * v->nb[1] + j * v->nb[2] + s * v->nb[3], v->type, hd);
             }
         }
     }
     free(scores);
+}
+
+// Pass 2: dst [hd, nh, 1, S] F32 = the chunks of src[0] combined in chunk order:
+//   M = max_c max_c;  out = sum_c exp(max_c - M) out_c / sum_c exp(max_c - M) sum_c
+// (zeros when no cell of the stream is visible, as flash attention gives).
+static void hrm_attn_combine_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    const struct ggml_tensor * part = dst->src[0];
+    const int hd = (int) dst->ne[0], nh = (int) dst->ne[1], n_stream = (int) dst->ne[3], n_chunk = (int) part->ne[2];
+    for (int task = ith; task < n_stream * nh; task += nth) {
+        const int s = task / nh, h = task % nh;
+        float * out = (float *) ((char *) dst->data + h * dst->nb[1] + s * dst->nb[3]);
+        memset(out, 0, sizeof(float) * (size_t) hd);
+        float max = -INFINITY, sum = 0.0f;
+        for (int c = 0; c < n_chunk; ++c) {
+            const float * pc = (const float *) ((const char *) part->data + h * part->nb[1] + c * part->nb[2] + s * part->nb[3]);
+            max = pc[hd] > max ? pc[hd] : max;
+        }
+        if (max == -INFINITY) {
+            continue;
+        }
+        for (int c = 0; c < n_chunk; ++c) {
+            const float * pc = (const float *) ((const char *) part->data + h * part->nb[1] + c * part->nb[2] + s * part->nb[3]);
+            if (pc[hd] == -INFINITY) {
+                continue;  // an empty chunk (cells no stream of this length reaches) drops out exactly
+            }
+            const float w = expf(pc[hd] - max);
+            sum += w * pc[hd + 1];
+            for (int i = 0; i < hd; ++i) {
+                out[i] += w * pc[i];
+            }
+        }
+        const float inv = 1.0f / sum;
+        for (int i = 0; i < hd; ++i) {
+            out[i] *= inv;
+        }
+    }
 }
 
 int hrm_decode_attention_supported(enum ggml_type kv_type) {
@@ -157,7 +193,10 @@ int hrm_decode_attention_supported(enum ggml_type kv_type) {
 struct ggml_tensor * hrm_decode_attention(struct ggml_context * ctx, struct ggml_tensor * q,
                                           struct ggml_tensor * k, struct ggml_tensor * v,
                                           struct ggml_tensor * mask) {
+    const int64_t hd = q->ne[0], nh = q->ne[1], n_stream = q->ne[2];
+    const int64_t n_chunk = (k->ne[2] + HRM_ATTN_CHUNK - 1) / HRM_ATTN_CHUNK;
     struct ggml_tensor * args[4] = { q, k, v, mask };
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, q->ne[0], q->ne[1], 1, q->ne[2], args, 4,
-                          hrm_decode_attention_op, GGML_N_TASKS_MAX, NULL);
+    struct ggml_tensor * part = ggml_custom_4d(ctx, GGML_TYPE_F32, hd + 2, nh, n_chunk, n_stream, args, 4,
+                                               hrm_attn_chunks_op, GGML_N_TASKS_MAX, NULL);
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, hd, nh, 1, n_stream, &part, 1, hrm_attn_combine_op, GGML_N_TASKS_MAX, NULL);
 }
