@@ -18,6 +18,15 @@ struct hrm_build {
     int64_t                     n_tok;  // n_tokens * n_stream
 };
 
+// W·x; decode steps of several streams on a CPU take the extension's Q8_0 matmul where it
+// applies (hrm_matmul.c). One stream keeps ggml's, whose one-row kernel is the same arithmetic.
+static struct ggml_tensor * hrm_mul_mat(struct hrm_build * b, struct ggml_tensor * w, struct ggml_tensor * x) {
+    if (!b->step->first && b->step->cpu_decode_matmul && x->ne[1] >= 2 && hrm_decode_matmul_supported(w, x)) {
+        return hrm_decode_matmul(b->ctx, w, x);
+    }
+    return ggml_mul_mat(b->ctx, w, x);
+}
+
 // ggml's flash attention for q [hd, nh, n_tok] over k, v [hd, nh, n_kv, S] → [hd, nh, T, S].
 static struct ggml_tensor * hrm_flash_attention(struct hrm_build * b, struct ggml_tensor * q,
                                                 struct ggml_tensor * k, struct ggml_tensor * v) {
@@ -38,11 +47,11 @@ static struct ggml_tensor * hrm_attention(struct hrm_build * b, const struct hrm
     const struct hrm_hparams * hp = &b->m->hp;
     const int64_t hd = hp->head_dim, nh = hp->n_head, T = b->step->n_tokens, S = b->step->n_stream;
 
-    struct ggml_tensor * gate = ggml_mul_mat(ctx, w->attn_gate, n);  // [hd*nh, n_tok]
+    struct ggml_tensor * gate = hrm_mul_mat(b, w->attn_gate, n);  // [hd*nh, n_tok]
     HRM_NAME(gate, slot, "attn_gate_proj");
-    struct ggml_tensor * q = ggml_mul_mat(ctx, w->attn_q, n);
-    struct ggml_tensor * k = ggml_mul_mat(ctx, w->attn_k, n);
-    struct ggml_tensor * v = ggml_mul_mat(ctx, w->attn_v, n);
+    struct ggml_tensor * q = hrm_mul_mat(b, w->attn_q, n);
+    struct ggml_tensor * k = hrm_mul_mat(b, w->attn_k, n);
+    struct ggml_tensor * v = hrm_mul_mat(b, w->attn_v, n);
     HRM_NAME(v, slot, "v");
 
     // rotate_half RoPE over the full head (NEOX), positions from io->pos
@@ -106,15 +115,15 @@ static struct ggml_tensor * hrm_stack(struct hrm_build * b, struct ggml_tensor *
 
         struct ggml_tensor * n = ggml_rms_norm(ctx, x, hp->rms_eps);
         HRM_NAME(n, slot, "attn_norm");
-        struct ggml_tensor * a = ggml_mul_mat(ctx, w->attn_out, hrm_attention(b, w, n, slot));
+        struct ggml_tensor * a = hrm_mul_mat(b, w->attn_out, hrm_attention(b, w, n, slot));
         HRM_NAME(a, slot, "attn_out");
         x = ggml_add(ctx, x, a);
         HRM_NAME(x, slot, "attn_add");
 
         n = ggml_rms_norm(ctx, x, hp->rms_eps);
         HRM_NAME(n, slot, "ffn_norm");
-        struct ggml_tensor * f = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w->ffn_gate, n), ggml_mul_mat(ctx, w->ffn_up, n));
-        f = ggml_mul_mat(ctx, w->ffn_down, f);
+        struct ggml_tensor * f = ggml_swiglu_split(ctx, hrm_mul_mat(b, w->ffn_gate, n), hrm_mul_mat(b, w->ffn_up, n));
+        f = hrm_mul_mat(b, w->ffn_down, f);
         HRM_NAME(f, slot, "ffn_out");
         x = ggml_add(ctx, x, f);
         HRM_NAME(x, slot, "l_out");
@@ -176,7 +185,7 @@ int hrm_build_forward(struct ggml_context * ctx, struct ggml_cgraph * gf,
 
     struct ggml_tensor * out = ggml_get_rows(ctx, zH, io->out_rows);  // [n_embd, n_out]
     ggml_set_name(out, "result_norm");
-    io->logits = ggml_mul_mat(ctx, m->output, out);                 // [n_vocab, n_out]
+    io->logits = hrm_mul_mat(&b, m->output, out);                 // [n_vocab, n_out]
     ggml_set_name(io->logits, "result_output");
     ggml_set_output(io->logits);
     ggml_build_forward_expand(gf, io->logits);

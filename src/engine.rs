@@ -56,6 +56,10 @@ pub struct EngineOptions {
     /// decode attention (`ggml-ext/hrm_attn.c`, faster: docs/benchmarks.md). Default: off, or
     /// on where the environment says FRIGG_DECODE_ATTENTION=flash (to measure the difference).
     pub flash_decode: bool,
+    /// Decode steps on a CPU multiply Q8_0 weights with ggml's mul_mat instead of the
+    /// extension's (`ggml-ext/hrm_matmul.c`: one pass over the weights for every stream).
+    /// Default: off, or on where FRIGG_DECODE_MATMUL=ggml.
+    pub ggml_decode_matmul: bool,
 }
 
 impl Default for EngineOptions {
@@ -70,6 +74,7 @@ impl Default for EngineOptions {
             repack: true,
             batch_invariant: true,
             flash_decode: std::env::var("FRIGG_DECODE_ATTENTION").as_deref() == Ok("flash"),
+            ggml_decode_matmul: std::env::var("FRIGG_DECODE_MATMUL").as_deref() == Ok("ggml"),
         }
     }
 }
@@ -107,8 +112,9 @@ pub struct Engine {
     graph_size: usize,
     /// Where intermediate tensors are written when dumping (boxed: ggml holds its address).
     dump: Option<Box<Dump>>,
-    /// Decode steps use the extension's CPU attention (`hrm_step.cpu_decode_attention`).
+    /// Decode steps use the extension's CPU attention and Q8_0 matmul (`hrm_step`).
     cpu_decode_attention: bool,
+    cpu_decode_matmul: bool,
 }
 
 /// Intermediate-tensor dumps for parity diffs: every F32 node whose name contains `filter`
@@ -213,6 +219,7 @@ impl Engine {
         // The extension's decode attention is a CPU custom op: on a GPU it would pull every
         // layer's attention back to the CPU, so GPU engines keep flash attention.
         let cpu_decode_attention = !opts.gpu && !opts.flash_decode;
+        let cpu_decode_matmul = !opts.gpu && !opts.ggml_decode_matmul;
         let mut engine = Engine {
             model,
             kv,
@@ -224,6 +231,7 @@ impl Engine {
             graph_size,
             dump: None,
             cpu_decode_attention,
+            cpu_decode_matmul,
         };
         engine.reserve_compute()?;
         Ok(engine)
@@ -234,11 +242,11 @@ impl Engine {
     /// length, at load time.
     fn reserve_compute(&mut self) -> Result<(), EngineError> {
         let n_ctx = self.kv.n_ctx as i32;
-        let worst_first = self.build(ext::hrm_step { n_tokens: n_ctx, n_stream: 1, n_kv: n_ctx, n_out: 1, first: 1, cpu_decode_attention: 0 })?;
+        let worst_first = self.build(ext::hrm_step { n_tokens: n_ctx, n_stream: 1, n_kv: n_ctx, n_out: 1, first: 1, cpu_decode_attention: 0, cpu_decode_matmul: 0 })?;
         self.sched_first.reserve(&worst_first.graph)?;
         let n_kv = (self.kv.n_ctx.div_ceil(KV_PAD) * KV_PAD).min(self.kv.cells_per_stream()) as i32;
         let n_stream = self.kv.n_stream as i32;
-        let worst_decode = self.build(ext::hrm_step { n_tokens: 1, n_stream, n_kv, n_out: n_stream, first: 0, cpu_decode_attention: 0 })?;
+        let worst_decode = self.build(ext::hrm_step { n_tokens: 1, n_stream, n_kv, n_out: n_stream, first: 0, cpu_decode_attention: 0, cpu_decode_matmul: 0 })?;
         self.sched_decode.reserve(&worst_decode.graph)?;
         Ok(())
     }
@@ -313,7 +321,7 @@ impl Engine {
     }
 
     fn build(&self, step: ext::hrm_step) -> Result<Built, EngineError> {
-        let step = ext::hrm_step { cpu_decode_attention: i32::from(self.cpu_decode_attention), ..step };
+        let step = ext::hrm_step { cpu_decode_attention: i32::from(self.cpu_decode_attention), cpu_decode_matmul: i32::from(self.cpu_decode_matmul), ..step };
         let graph = Graph::new(self.graph_size)?;
         let mut io: ext::hrm_step_io = unsafe { std::mem::zeroed() };
         let mut kv = self.kv.c_view();
@@ -386,7 +394,7 @@ impl Engine {
             Rows::Last => vec![n as i32 - 1],
             Rows::All => (0..n as i32).collect(),
         };
-        let step = ext::hrm_step { n_tokens: n as i32, n_stream: 1, n_kv: n as i32, n_out: out.len() as i32, first: 1, cpu_decode_attention: 0 };
+        let step = ext::hrm_step { n_tokens: n as i32, n_stream: 1, n_kv: n as i32, n_out: out.len() as i32, first: 1, cpu_decode_attention: 0, cpu_decode_matmul: 0 };
         let built = self.build(step)?;
         let pos: Vec<i32> = (0..n as i32).collect();
         let base = (stream * self.kv.cells_per_stream()) as i64;
@@ -431,7 +439,8 @@ impl Engine {
             n_kv: n_kv as i32,
             n_out: n_stream as i32,
             first: 0,
-            cpu_decode_attention: 0, // set by build()
+            cpu_decode_attention: 0, // these two are set by build()
+            cpu_decode_matmul: 0,
         };
         let reuse = self.decode_graph.as_ref().is_some_and(|b| steps_equal(&b.step, &step));
         if !reuse {

@@ -207,3 +207,31 @@ fn decode_attention_matches_flash_attention() {
     assert!(d > 0.0, "the two attentions should not be the same code");
     assert!(d_ours <= d_flash, "F16 cache: the extension ({d_ours:e}) is further than flash attention ({d_flash:e}) from the F32-cache decode");
 }
+
+/// The extension's Q8_0 decode matmul (ggml-ext/hrm_matmul.c) runs each dot product as ggml's
+/// one-row vec_dot does, so decode with it equals decode with ggml's reference (one-row)
+/// kernels bit for bit, alone and batched. (Builds without AVX2 use ggml_mul_mat for both.)
+#[test]
+fn decode_matmul_equals_ggml_one_row_kernels() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    let run = |ggml_decode_matmul: bool| -> Vec<Vec<u32>> {
+        let mut e = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 4, kv_type: KvType::F16, batch_invariant: true, ggml_decode_matmul, ..Default::default() }).unwrap();
+        let mut next = vec![];
+        for (s, p) in prompts().iter().take(4).enumerate() {
+            let ones = vec![1; p.len()];
+            next.push(argmax(&e.prefill(s, p, Some(&ones), Rows::Last).unwrap()[0]));
+        }
+        let mut bits = vec![];
+        for t in 0..6u32 {
+            let n = 1 + (t as usize % 4); // batches of 1, 2, 3, 4 streams
+            let batch: Vec<(usize, u32)> = next.iter().take(n).enumerate().map(|(s, &tok)| (s, tok + t)).collect();
+            for row in e.decode(&batch).unwrap() {
+                bits.push(row.iter().map(|x| x.to_bits()).collect());
+            }
+        }
+        bits
+    };
+    assert!(run(false) == run(true), "decode logits differ between the extension's Q8_0 matmul and ggml's one-row kernels");
+}

@@ -1,0 +1,114 @@
+// Decode matmul on the CPU for Q8_0 weights: y[r, c] = W[r, :] · x[:, c] for the few columns
+// (one per stream) of a decode step.
+//
+// Why not ggml_mul_mat: one column goes through ggml's vec_dot, which streams the weights at
+// about the machine's read bandwidth; several columns go through its tiled GEMM (tinyBLAS),
+// which on AVX2 took about 3× as long for 4 columns as for 1 (a matvec microbenchmark), so a
+// batch of 4 gained little over one stream. Here each weight block is loaded once, its absolute
+// value taken once, and multiplied with every column: reading the weights stays the cost.
+//
+// Every (row, column) dot product runs the same instructions in the same order as ggml's AVX2
+// vec_dot (one 8-lane accumulator over the blocks, then the same horizontal sum), whatever the
+// number of columns or threads: a stream's result does not depend on its neighbours.
+
+#include "hrm.h"
+#include "ggml-cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+
+#define QK 32
+struct hrm_q8_0 {  // ggml's block_q8_0
+    ggml_fp16_t d;
+    int8_t      qs[QK];
+};
+
+#define HRM_COLS 4  // columns computed together (registers: 4 accumulators + 4 column loads)
+
+static inline float hrm_hsum(__m256 x) {  // ggml's hsum_float_8
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+
+// dst [R, N] F32 = src0 (Q8_0 [K, R]) · src1 (F32 [K, N], contiguous rows). Threads split the rows.
+static void hrm_mul_mat_q8_0_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    const struct ggml_tensor * w = dst->src[0];
+    const struct ggml_tensor * x = dst->src[1];
+    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK;
+
+    // every thread quantizes the columns for itself, as ggml does once for all (from_float is
+    // ggml's own quantize_row_q8_0): no barrier is needed inside a custom op
+    struct hrm_q8_0 * xq = malloc(sizeof(struct hrm_q8_0) * (size_t) (nb * N));
+    float * xd = malloc(sizeof(float) * (size_t) (nb * N));
+    if (xq == NULL || xd == NULL) {
+        free(xq);
+        free(xd);
+        return;  // out of memory in a worker: dst keeps what it held (ggml ops cannot fail)
+    }
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    for (int64_t c = 0; c < N; ++c) {
+        quantize((const float *) ((const char *) x->data + c * x->nb[1]), xq + c * nb, K);
+        for (int64_t b = 0; b < nb; ++b) {
+            xd[c * nb + b] = _cvtsh_ss(xq[c * nb + b].d);
+        }
+    }
+
+    const int64_t r0 = R * ith / nth, r1 = R * (ith + 1) / nth;
+    for (int64_t r = r0; r < r1; ++r) {
+        const struct hrm_q8_0 * wr = (const struct hrm_q8_0 *) ((const char *) w->data + r * w->nb[1]);
+        for (int64_t c0 = 0; c0 < N; c0 += HRM_COLS) {
+            const int nc = N - c0 < HRM_COLS ? (int) (N - c0) : HRM_COLS;
+            __m256 acc[HRM_COLS];
+            for (int c = 0; c < HRM_COLS; ++c) {
+                acc[c] = _mm256_setzero_ps();
+            }
+            for (int64_t b = 0; b < nb; ++b) {
+                const __m256i qx = _mm256_loadu_si256((const __m256i *) wr[b].qs);
+                const __m256i ax = _mm256_sign_epi8(qx, qx);
+                const float dx = _cvtsh_ss(wr[b].d);
+                for (int c = 0; c < nc; ++c) {
+                    const struct hrm_q8_0 * yb = xq + (c0 + c) * nb + b;
+                    const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) yb->qs), qx);
+                    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * xd[(c0 + c) * nb + b]), _mm256_cvtepi32_ps(dot), acc[c]);
+                }
+            }
+            for (int c = 0; c < nc; ++c) {
+                *(float *) ((char *) dst->data + r * dst->nb[0] + (c0 + c) * dst->nb[1]) = hrm_hsum(acc[c]);
+            }
+        }
+    }
+    free(xq);
+    free(xd);
+}
+
+int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x) {
+    return w->type == GGML_TYPE_Q8_0 && w->ne[0] % QK == 0 && ggml_is_contiguous(w) &&
+           x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && ggml_nrows(x) == x->ne[1];
+}
+
+struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x) {
+    struct ggml_tensor * args[2] = { w, x };
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, hrm_mul_mat_q8_0_op, GGML_N_TASKS_MAX, NULL);
+}
+
+#else  // no AVX2: ggml's own matmul
+
+int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x) {
+    (void) w;
+    (void) x;
+    return 0;
+}
+
+struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x) {
+    return ggml_mul_mat(ctx, w, x);
+}
+
+#endif
