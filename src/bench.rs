@@ -426,6 +426,22 @@ impl MatrixCell {
     }
 }
 
+/// What a matrix row's decode ran on: the device, ggml's kernel set, and any decode kernel of
+/// the extension switched back to ggml's (bench-ab.sh measures those switches).
+fn kernels_label(o: &EngineOptions) -> String {
+    if o.gpu {
+        return "GPU".into();
+    }
+    let mut parts = vec![if o.batch_invariant { "batch-invariant" } else { "batched GEMM" }];
+    if o.flash_decode {
+        parts.push("flash attention");
+    }
+    if o.ggml_decode_matmul {
+        parts.push("ggml matmul");
+    }
+    parts.join(", ")
+}
+
 /// Runs every cell: one warm-up step, then `reps` timed repetitions of `steps` batched decode
 /// steps from positions filled to `context` (see `Engine::fill_for_benchmark`), and, per
 /// (model, KV type, kernels), a PrefixLM prefill of `prefill` tokens. With `vs_llama`, each
@@ -531,13 +547,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         });
                         let cell = MatrixCell {
                             model: m.display().to_string(),
-                            kernels: match (o.gpu, invariant, eopts.flash_decode) {
-                                (true, _, _) => "GPU".into(),
-                                (false, true, false) => "batch-invariant".into(),
-                                (false, false, false) => "batched GEMM".into(),
-                                (false, true, true) => "batch-invariant, flash attention".into(),
-                                (false, false, true) => "batched GEMM, flash attention".into(),
-                            },
+                            kernels: kernels_label(&eopts),
                             batch: b,
                             context: ctx,
                             kv_type: format!("{kv:?}").to_lowercase(),
