@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The GPU check, for a session that holds the device machine (one H200, 16 cores, no network,
+# no Rust toolchain, 15 minutes of device time in all, the machine's start included). Nothing is
+# built there: scripts/cuda-build.sh (run here first, CUDA_ARCHS=90-real keeps the binary small)
+# stages a stripped CUDA frigg in .device/, which is git-excluded and so must be carried:
+#   run(command="bash scripts/device-check.sh", carry=[".device"], timeout_s=540)
+# It uses the machine's own cuBLAS 13 and python3 (numpy) for the random Mimir checkpoint.
+# Leaves in $OUT: env.json, log.txt, parity-gpu.json, parity-cpu.json, bench-gpu.json and
+# bench-gpu-vs.json; copy the JSON to docs/bench/ and render it with
+# `frigg bench render --matrix … --markdown docs/benchmarks.md --key gpu`.
+# NOT YET RUN on a GPU (no task of this project had one when it was written); expect to fix it
+# on its first run, and keep the rerun time in the device budget.
+#
+# Env: FRIGG_BIN (default .device/frigg[.xz]), BUDGET_S (default 480, the script's own
+#      deadline), SKIP_PARITY=1, SKIP_BENCH=1.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-/tmp/frigg-device-out}"
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+t0=$(date +%s)
+budget="${BUDGET_S:-480}"
+threads="$(nproc)"
+tmp="$(mktemp -d /tmp/frigg-dev.XXXXXX)"
+trap 'rm -rf "$tmp"; echo "device-check: $(( $(date +%s) - t0 )) s"' EXIT
+
+# step NAME MAX_SECONDS CMD…: CMD under a timeout capped by the time left, with rc and seconds.
+step() {
+    local name=$1 max=$2 left s rc; shift 2
+    left=$(( budget - ($(date +%s) - t0) ))
+    [ "$left" -lt "$max" ] && max=$left
+    if [ "$max" -le 5 ]; then echo "== $name: skipped, out of time"; return 1; fi
+    echo "== $name (limit ${max}s, at $(( $(date +%s) - t0 ))s)"
+    s=$(date +%s)
+    timeout --kill-after=5 "$max" "$@"; rc=$?
+    echo "== $name: rc=$rc in $(( $(date +%s) - s ))s"
+    return $rc
+}
+
+# 1. The binary (xz-compressed when the build was large) and the cuBLAS 13 it links.
+bin="${FRIGG_BIN:-.device/frigg}"
+if [ ! -x "$bin" ] && [ -f "$bin.xz" ]; then
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$bin.xz" "$tmp/frigg"
+    chmod +x "$tmp/frigg"; bin="$tmp/frigg"
+fi
+[ -x "$bin" ] || { echo "no frigg binary at $bin: run scripts/cuda-build.sh first and carry .device"; exit 2; }
+bin="$(realpath "$bin")"
+cublas=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import glob, site; [print(p) for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/cu13/lib")]' 2>/dev/null); do
+    [ -e "$d/libcublasLt.so.13" ] && { cublas="$d"; break; }
+done
+[ -z "$cublas" ] && cublas="$(dirname "$(timeout 30 find / -xdev -name 'libcublasLt.so.13*' -print -quit 2>/dev/null)")"
+export LD_LIBRARY_PATH="$cublas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ldd "$bin" | grep 'not found'; then echo "missing libraries (cuBLAS searched: '$cublas')"; exit 3; fi
+
+# 2. The machine and what the binary sees (132 = SIGILL: rebuild with FRIGG_TARGET_CPU=x86-64-v2).
+version="$("$bin" --version 2>&1)" || { echo "frigg --version failed: $version"; exit 4; }
+echo "$version"
+python3 - "$OUT/env.json" "$version" "$cublas" <<'PY'
+import json, os, subprocess, sys
+sh = lambda c: subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
+json.dump({"frigg": sys.argv[2], "cublas": sys.argv[3], "nproc": os.cpu_count(),
+           "gpu": sh("nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader"),
+           "cpu": sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"), "kernel": sh("uname -r")},
+          open(sys.argv[1], "w"), indent=1)
+PY
+case "$version" in *CUDA*) ;; *) echo "this frigg has no CUDA backend"; exit 4 ;; esac
+
+# 3. Smoke: the bundled demo model answers on the GPU (its answer, and where ggml ran the nodes).
+GGML_SCHED_DEBUG=1 step smoke 60 "$bin" run demo/frigg-demo.gguf --device gpu -p "Hvad er hovedstaden i Frankrig?" --max-tokens 16 2> "$tmp/smoke.err"
+grep -oE 'CUDA0|CPU' "$tmp/smoke.err" | sort | uniq -c
+
+# 4. Parity of every tier against the transformers goldens, on the GPU and (for comparison) the CPU.
+if [ "${SKIP_PARITY:-0}" != 1 ]; then
+    step parity-gpu 120 "$bin" parity --device gpu --threads "$threads" --json "$OUT/parity-gpu.json"
+    step parity-cpu 120 "$bin" parity --threads "$threads" --json "$OUT/parity-cpu.json"
+fi
+
+# 5. Speed at the full Mimir shape (random weights, generated here: the GGUFs cannot travel).
+#    Targets: bf16 one stream >= 150 tok/s, >= 5,000 tok/s aggregate at 64 streams. Then, if time
+#    is left, the same file through llama.cpp alternated with frigg (best effort: without
+#    models/gemma4-tokenizer carried, the file's tokenizer is the small fixture one, whose
+#    vocabulary llama.cpp may refuse to pair with the model's 262,144 rows).
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    step mimir-random 180 python3 scripts/make_mimir_random.py "$tmp/mimir" \
+        && step convert-bf16 120 "$bin" convert "$tmp/mimir" -o "$tmp/mimir-bf16.gguf" --type bf16 \
+        && rm -rf "$tmp/mimir" \
+        && step bench-gpu 200 "$bin" bench matrix "$tmp/mimir-bf16.gguf" --device gpu \
+            --batches 1,8,64 --contexts 512 --kernels batched --steps 32 --reps 3 --prefill 512 \
+            --threads "$threads" --json "$OUT/bench-gpu.json" \
+        && step bench-gpu-vs 150 "$bin" bench matrix "$tmp/mimir-bf16.gguf" --device gpu --vs llama.cpp \
+            --batches 1,8 --contexts 512 --kernels batched --steps 32 --reps 3 --prefill 512 \
+            --threads "$threads" --json "$OUT/bench-gpu-vs.json"
+fi
