@@ -344,8 +344,16 @@ pub struct LlamaCell {
     pub decode_ratios: Vec<f64>,
     pub decode_ratio_median: f64,
     pub prefill_tok_s: Vec<f64>,
+    /// NaN (JSON null) when the run had no prefill column.
+    #[serde(deserialize_with = "null_as_nan")]
     pub prefill_median: f64,
+    #[serde(deserialize_with = "null_as_nan")]
     pub prefill_ratio_median: f64,
+}
+
+/// serde_json writes a NaN median (no repetitions: `--prefill 0`) as null; read it back as NaN.
+fn null_as_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// One cell: decode of `batch` sequences that already hold `context` positions.
@@ -363,6 +371,7 @@ pub struct MatrixCell {
     pub decode_median: f64,
     pub prefill_tokens: usize,
     pub prefill_tok_s: Vec<f64>,
+    #[serde(deserialize_with = "null_as_nan")]
     pub prefill_median: f64,
     pub load_before: f64,
     pub load_after: f64,
@@ -573,4 +582,48 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
         }
     }
     Ok(cells)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `bench matrix --prefill 0` leaves the prefill medians NaN, which serde_json writes as
+    /// null; `bench render` must read such a report back (it once refused it).
+    #[test]
+    fn a_matrix_report_without_prefill_reads_back() {
+        let cell = MatrixCell {
+            model: "m.gguf".into(),
+            kernels: "batched GEMM".into(),
+            batch: 1,
+            context: 512,
+            kv_type: "f16".into(),
+            threads: 2,
+            steps: 8,
+            decode_tok_s: vec![1.0, 2.0, 3.0],
+            decode_median: 2.0,
+            prefill_tokens: 0,
+            prefill_tok_s: vec![],
+            prefill_median: median(&[]),
+            load_before: 0.0,
+            load_after: 0.0,
+            machine: machine(),
+            llama: Some(LlamaCell {
+                decode_tok_s: vec![1.0],
+                decode_median: 1.0,
+                decode_ratios: vec![2.0],
+                decode_ratio_median: 2.0,
+                prefill_tok_s: vec![],
+                prefill_median: median(&[]),
+                prefill_ratio_median: median(&[]),
+            }),
+            huge_page_mib: None,
+            gpu_temp_c: None,
+        };
+        let text = serde_json::to_string(&[&cell]).unwrap();
+        assert!(text.contains("\"prefill_median\":null"), "{text}");
+        let back: Vec<MatrixCell> = serde_json::from_str(&text).unwrap();
+        assert!(back[0].prefill_median.is_nan() && back[0].llama.as_ref().unwrap().prefill_ratio_median.is_nan());
+        assert_eq!(back[0].markdown_row(), cell.markdown_row());
+    }
 }
