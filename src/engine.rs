@@ -242,11 +242,11 @@ impl Engine {
     /// length, at load time.
     fn reserve_compute(&mut self) -> Result<(), EngineError> {
         let n_ctx = self.kv.n_ctx as i32;
-        let worst_first = self.build(ext::hrm_step { n_tokens: n_ctx, n_stream: 1, n_kv: n_ctx, n_out: 1, first: 1, cpu_decode_attention: 0, cpu_decode_matmul: 0 })?;
+        let worst_first = self.build(self.step(n_ctx, 1, n_ctx, 1, true))?;
         self.sched_first.reserve(&worst_first.graph)?;
         let n_kv = (self.kv.n_ctx.div_ceil(KV_PAD) * KV_PAD).min(self.kv.cells_per_stream()) as i32;
         let n_stream = self.kv.n_stream as i32;
-        let worst_decode = self.build(ext::hrm_step { n_tokens: 1, n_stream, n_kv, n_out: n_stream, first: 0, cpu_decode_attention: 0, cpu_decode_matmul: 0 })?;
+        let worst_decode = self.build(self.step(1, n_stream, n_kv, n_stream, false))?;
         self.sched_decode.reserve(&worst_decode.graph)?;
         Ok(())
     }
@@ -320,8 +320,20 @@ impl Engine {
         }
     }
 
+    /// The shape of one forward, with this engine's choice of decode kernels.
+    fn step(&self, n_tokens: i32, n_stream: i32, n_kv: i32, n_out: i32, first: bool) -> ext::hrm_step {
+        ext::hrm_step {
+            n_tokens,
+            n_stream,
+            n_kv,
+            n_out,
+            first: i32::from(first),
+            cpu_decode_attention: i32::from(self.cpu_decode_attention),
+            cpu_decode_matmul: i32::from(self.cpu_decode_matmul),
+        }
+    }
+
     fn build(&self, step: ext::hrm_step) -> Result<Built, EngineError> {
-        let step = ext::hrm_step { cpu_decode_attention: i32::from(self.cpu_decode_attention), cpu_decode_matmul: i32::from(self.cpu_decode_matmul), ..step };
         let graph = Graph::new(self.graph_size)?;
         let mut io: ext::hrm_step_io = unsafe { std::mem::zeroed() };
         let mut kv = self.kv.c_view();
@@ -394,7 +406,7 @@ impl Engine {
             Rows::Last => vec![n as i32 - 1],
             Rows::All => (0..n as i32).collect(),
         };
-        let step = ext::hrm_step { n_tokens: n as i32, n_stream: 1, n_kv: n as i32, n_out: out.len() as i32, first: 1, cpu_decode_attention: 0, cpu_decode_matmul: 0 };
+        let step = self.step(n as i32, 1, n as i32, out.len() as i32, true);
         let built = self.build(step)?;
         let pos: Vec<i32> = (0..n as i32).collect();
         let base = (stream * self.kv.cells_per_stream()) as i64;
@@ -433,15 +445,7 @@ impl Engine {
         }
         let cells = self.kv.cells_per_stream();
         let n_kv = (n_kv_needed.div_ceil(KV_PAD) * KV_PAD).min(cells);
-        let step = ext::hrm_step {
-            n_tokens: 1,
-            n_stream: n_stream as i32,
-            n_kv: n_kv as i32,
-            n_out: n_stream as i32,
-            first: 0,
-            cpu_decode_attention: 0, // these two are set by build()
-            cpu_decode_matmul: 0,
-        };
+        let step = self.step(1, n_stream as i32, n_kv as i32, n_stream as i32, false);
         let reuse = self.decode_graph.as_ref().is_some_and(|b| steps_equal(&b.step, &step));
         if !reuse {
             if let Some(old) = self.decode_graph.take() {
