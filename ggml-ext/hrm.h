@@ -92,7 +92,7 @@ struct hrm_step {
     int32_t cpu_decode_attention;  // 1: decode steps (first == 0, one token per stream) attend
                         // with hrm_decode_attention instead of ggml_flash_attn_ext; CPU backends
                         // only (a custom op), F16/F32 caches only (others keep flash attention)
-    int32_t cpu_decode_matmul;  // 1: decode steps multiply Q8_0 weights with hrm_decode_matmul
+    int32_t cpu_decode_matmul;  // 1: decode steps multiply Q8_0/BF16 weights with hrm_decode_matmul
                         // instead of ggml_mul_mat; CPU backends only (a custom op)
 };
 
@@ -125,9 +125,10 @@ struct ggml_tensor * hrm_decode_attention(struct ggml_context * ctx, struct ggml
                                           struct ggml_tensor * k, struct ggml_tensor * v,
                                           struct ggml_tensor * mask);
 
-// Decode matmul on the CPU (hrm_matmul.c): W (Q8_0 [K, R]) · x (F32 [K, N], rows contiguous)
-// → F32 [R, N], each dot product computed as ggml's AVX2 vec_dot computes it, whatever N.
-// Supported for Q8_0 weights on AVX2 builds (elsewhere hrm_decode_matmul is ggml_mul_mat).
+// Decode matmul on the CPU (hrm_matmul.c): W ([K, R]) · x (F32 [K, N], rows contiguous)
+// → F32 [R, N]; each column's result does not depend on N. Q8_0 (N >= 2): every dot product as
+// ggml's AVX2 vec_dot computes it. BF16 (any N): weights widened to F32, activations unrounded.
+// Supported on AVX2 builds only (elsewhere hrm_decode_matmul is ggml_mul_mat).
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x);
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x);
 

@@ -18,10 +18,10 @@ struct hrm_build {
     int64_t                     n_tok;  // n_tokens * n_stream
 };
 
-// W·x; decode steps of several streams on a CPU take the extension's Q8_0 matmul where it
-// applies (hrm_matmul.c). One stream keeps ggml's, whose one-row kernel is the same arithmetic.
+// W·x; decode steps on a CPU take the extension's matmul where it applies (hrm_matmul.c: Q8_0
+// with several streams, BF16 always).
 static struct ggml_tensor * hrm_mul_mat(struct hrm_build * b, struct ggml_tensor * w, struct ggml_tensor * x) {
-    if (!b->step->first && b->step->cpu_decode_matmul && x->ne[1] >= 2 && hrm_decode_matmul_supported(w, x)) {
+    if (!b->step->first && b->step->cpu_decode_matmul && hrm_decode_matmul_supported(w, x)) {
         return hrm_decode_matmul(b->ctx, w, x);
     }
     return ggml_mul_mat(b->ctx, w, x);

@@ -1,5 +1,5 @@
-// Decode matmul on the CPU for Q8_0 weights: y[r, c] = W[r, :] · x[:, c] for the few columns
-// (one per stream) of a decode step.
+// Decode matmuls on the CPU for Q8_0 and BF16 weights: y[r, c] = W[r, :] · x[:, c] for the few
+// columns (one per stream) of a decode step.
 //
 // Why not ggml_mul_mat: one column goes through ggml's vec_dot, which streams the weights at
 // about the machine's read bandwidth; several columns go through its tiled GEMM (tinyBLAS),
@@ -89,14 +89,80 @@ static void hrm_mul_mat_q8_0_op(struct ggml_tensor * dst, int ith, int nth, void
     free(xd);
 }
 
+// BF16: ggml's own path rounds every column to BF16 (its vec_dot_type) and, for several columns,
+// re-reads each weight row per column. Here each 8 weights are widened to F32 once (bf16 is the
+// high half of an f32) and multiplied with every column's F32 activations, unrounded. A column's
+// dot product is two 8-lane FMA chains (elements k mod 16 < 8, and the rest) added and summed
+// horizontally, in the same order for any number of columns: batch-invariant by construction.
+// Every decode step takes it, one stream included, so a one-stream and a batched engine agree.
+#define HRM_BF16_STEP 16
+
+static inline __m256 hrm_bf16x8(const ggml_bf16_t * p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *) p)), 16));
+}
+
+static inline __attribute__((always_inline)) void hrm_bf16_row(
+        const ggml_bf16_t * wr, const float * x, int64_t x_stride, int64_t K, const int NC, float * out) {
+    __m256 acc0[HRM_COLS], acc1[HRM_COLS];
+    for (int c = 0; c < NC; ++c) {
+        acc0[c] = _mm256_setzero_ps();
+        acc1[c] = _mm256_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; k += HRM_BF16_STEP) {
+        const __m256 w0 = hrm_bf16x8(wr + k), w1 = hrm_bf16x8(wr + k + 8);
+        for (int c = 0; c < NC; ++c) {
+            acc0[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + c * x_stride + k), acc0[c]);
+            acc1[c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + c * x_stride + k + 8), acc1[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        out[c] = hrm_hsum(_mm256_add_ps(acc0[c], acc1[c]));
+    }
+}
+
+// dst [R, N] F32 = src0 (BF16 [K, R]) · src1 (F32 [K, N], contiguous rows). Threads split the rows.
+static void hrm_mul_mat_bf16_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    const struct ggml_tensor * w = dst->src[0];
+    const struct ggml_tensor * x = dst->src[1];
+    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1];
+    const int64_t x_stride = (int64_t) (x->nb[1] / sizeof(float));
+    const int64_t r0 = R * ith / nth, r1 = R * (ith + 1) / nth;
+    for (int64_t r = r0; r < r1; ++r) {
+        const ggml_bf16_t * wr = (const ggml_bf16_t *) ((const char *) w->data + r * w->nb[1]);
+        for (int64_t c0 = 0; c0 < N; c0 += HRM_COLS) {
+            const float * xc = (const float *) x->data + c0 * x_stride;
+            const int nc = N - c0 < HRM_COLS ? (int) (N - c0) : HRM_COLS;
+            float out[HRM_COLS] = { 0 };
+            switch (nc) {  // literal column counts: the accumulators stay in registers
+                case 1: hrm_bf16_row(wr, xc, x_stride, K, 1, out); break;
+                case 2: hrm_bf16_row(wr, xc, x_stride, K, 2, out); break;
+                case 3: hrm_bf16_row(wr, xc, x_stride, K, 3, out); break;
+                default: hrm_bf16_row(wr, xc, x_stride, K, 4, out); break;
+            }
+            for (int c = 0; c < nc; ++c) {
+                *(float *) ((char *) dst->data + r * dst->nb[0] + (c0 + c) * dst->nb[1]) = out[c];
+            }
+        }
+    }
+}
+
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x) {
-    return w->type == GGML_TYPE_Q8_0 && w->ne[0] % QK == 0 && ggml_is_contiguous(w) &&
-           x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && ggml_nrows(x) == x->ne[1];
+    if (!ggml_is_contiguous(w) || x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) || ggml_nrows(x) != x->ne[1]) {
+        return 0;
+    }
+    switch (w->type) {
+        // one column: ggml's vec_dot is this arithmetic, and its dynamic row chunks are faster
+        case GGML_TYPE_Q8_0: return w->ne[0] % QK == 0 && x->ne[1] >= 2;
+        case GGML_TYPE_BF16: return w->ne[0] % HRM_BF16_STEP == 0;
+        default: return 0;
+    }
 }
 
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x) {
     struct ggml_tensor * args[2] = { w, x };
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, hrm_mul_mat_q8_0_op, GGML_N_TASKS_MAX, NULL);
+    ggml_custom_op_t op = w->type == GGML_TYPE_BF16 ? hrm_mul_mat_bf16_op : hrm_mul_mat_q8_0_op;
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, op, GGML_N_TASKS_MAX, NULL);
 }
 
 #else  // no AVX2: ggml's own matmul

@@ -162,9 +162,31 @@ fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
     e.release(0);
 }
 
+/// Four prompts prefilled in streams 0..4, then ten decode steps of all four, teacher-forced
+/// (every run feeds the tokens a fixed rule picks, token 5 + step), so runs with different
+/// kernels compare the same steps whatever their logits. Two threads.
+fn teacher_forced_decode(gguf: &std::path::Path, opts: EngineOptions) -> Vec<Vec<Vec<f32>>> {
+    let mut e = Engine::load(gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 4, ..opts }).unwrap();
+    let mut next = vec![];
+    for (s, p) in prompts().iter().take(4).enumerate() {
+        let ones = vec![1; p.len()];
+        next.push(argmax(&e.prefill(s, p, Some(&ones), Rows::Last).unwrap()[0]));
+    }
+    (0..10u32)
+        .map(|t| {
+            let batch: Vec<(usize, u32)> = next.iter().enumerate().map(|(s, &n)| (s, if t == 0 { n } else { 5 + t })).collect();
+            e.decode(&batch).unwrap()
+        })
+        .collect()
+}
+
+fn max_abs_diff(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
+    a.iter().flatten().zip(b.iter().flatten()).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0f32, f32::max)
+}
+
 /// The extension's decode attention (ggml-ext/hrm_attn.c, the CPU default) against ggml's flash
-/// attention (`flash_decode`) on the same steps: four prompts batched, ten teacher-forced decode
-/// steps, two threads (so one stream's heads are split between them).
+/// attention (`flash_decode`) on the same teacher-forced steps (two threads, so one stream's
+/// heads are split between them).
 /// With an F32 cache the two differ only in summation order (measured 1.1e-6; bound about 4×).
 /// With an F16 cache flash attention also rounds the query to F16, the extension keeps it in F32
 /// (measured 7.5e-2 between them); the extension must then be at least as close as flash
@@ -172,40 +194,48 @@ fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
 #[test]
 fn decode_attention_matches_flash_attention() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |ty: OutType, kv: KvType, flash_decode: bool| -> Vec<Vec<Vec<f32>>> {
+    let run = |ty: OutType, kv_type: KvType, flash_decode: bool| -> Vec<Vec<Vec<f32>>> {
         let gguf = dir.path().join(format!("{ty:?}.gguf"));
         if !gguf.exists() {
             convert_to(&ckpt("tiny-packed"), &gguf, ty);
         }
-        let mut e = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 4, kv_type: kv, flash_decode, ..Default::default() }).unwrap();
-        let mut next = vec![];
-        for (s, p) in prompts().iter().take(4).enumerate() {
-            let ones = vec![1; p.len()];
-            next.push(argmax(&e.prefill(s, p, Some(&ones), Rows::Last).unwrap()[0]));
-        }
-        // teacher-forced: every run feeds the tokens a fixed rule picks (token 5 + step), so the
-        // steps compared are the same steps whatever the logits
-        (0..10u32)
-            .map(|t| {
-                let batch: Vec<(usize, u32)> = next.iter().enumerate().map(|(s, &n)| (s, if t == 0 { n } else { 5 + t })).collect();
-                e.decode(&batch).unwrap()
-            })
-            .collect()
-    };
-    let max_diff = |a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]| {
-        a.iter().flatten().zip(b.iter().flatten()).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0f32, f32::max)
+        teacher_forced_decode(&gguf, EngineOptions { kv_type, flash_decode, ..Default::default() })
     };
     let (ours, flash) = (run(OutType::F32, KvType::F32, false), run(OutType::F32, KvType::F32, true));
-    let d = max_diff(&ours, &flash);
+    let d = max_abs_diff(&ours, &flash);
     eprintln!("F32 cache: max |Δlogit| {d:.2e}");
     assert!(d <= 4e-6, "F32 cache: decode attention differs from flash attention by {d:e}");
 
     let truth = run(OutType::Q8_0, KvType::F32, false);
     let (ours, flash) = (run(OutType::Q8_0, KvType::F16, false), run(OutType::Q8_0, KvType::F16, true));
-    let (d, d_ours, d_flash) = (max_diff(&ours, &flash), max_diff(&ours, &truth), max_diff(&flash, &truth));
+    let (d, d_ours, d_flash) = (max_abs_diff(&ours, &flash), max_abs_diff(&ours, &truth), max_abs_diff(&flash, &truth));
     eprintln!("F16 cache: max |Δlogit| {d:.2e} between them; from the F32-cache run: extension {d_ours:.2e}, flash {d_flash:.2e}");
     assert!(d > 0.0, "the two attentions should not be the same code");
     assert!(d_ours <= d_flash, "F16 cache: the extension ({d_ours:e}) is further than flash attention ({d_flash:e}) from the F32-cache decode");
+}
+
+/// The extension's BF16 decode matmul multiplies BF16 weights with unrounded F32 activations;
+/// ggml's (`ggml_decode_matmul`) rounds the activations to BF16 first. The checkpoint
+/// tiny-packed-bf16 holds BF16 weights, so its F32 file has exactly the same weights in F32:
+/// decoding that file is the truth. Both BF16 runs prefill with ggml's matmul, which rounds
+/// activations, so the extension differs from the truth by the prefill's rounding and summation
+/// order (measured 2.5e-3; bound 2×); ggml's decode (measured 1.4e-2) must be further away.
+#[test]
+fn bf16_decode_matmul_matches_f32_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |ty: OutType, ggml_decode_matmul: bool| -> Vec<Vec<Vec<f32>>> {
+        let gguf = dir.path().join(format!("{ty:?}.gguf"));
+        if !gguf.exists() {
+            convert_to(&ckpt("tiny-packed-bf16"), &gguf, ty);
+        }
+        teacher_forced_decode(&gguf, EngineOptions { kv_type: KvType::F32, ggml_decode_matmul, ..Default::default() })
+    };
+    let truth = run(OutType::F32, false);
+    let (ours, ggml) = (run(OutType::Bf16, false), run(OutType::Bf16, true));
+    let (d_ours, d_ggml) = (max_abs_diff(&ours, &truth), max_abs_diff(&ggml, &truth));
+    eprintln!("BF16 weights: max |Δlogit| from the F32-weight decode: extension {d_ours:.2e}, ggml {d_ggml:.2e}");
+    assert!(d_ours <= 5e-3, "BF16 decode matmul differs from the F32-weight decode by {d_ours:e}");
+    assert!(d_ours < d_ggml, "BF16: the extension ({d_ours:e}) is not closer than ggml ({d_ggml:e}) to the F32-weight decode");
 }
 
 /// The extension's Q8_0 decode matmul (ggml-ext/hrm_matmul.c) runs each dot product as ggml's
