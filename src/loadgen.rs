@@ -71,6 +71,52 @@ pub struct LoadReport {
     pub load_after: f64,
     #[serde(default)]
     pub soak: Option<SoakFigures>,
+    /// The frigg server's engine time over the run, from its /metrics counters (None for other
+    /// servers and for reports made before the counters existed).
+    #[serde(default)]
+    pub engine: Option<EngineTime>,
+}
+
+/// Differences of a frigg server's engine counters between the start and the end of a run.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct EngineTime {
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub decode_steps: u64,
+    pub decode_rows: u64,
+}
+
+impl EngineTime {
+    const COUNTERS: [&'static str; 4] = ["frigg_prefill_seconds_total", "frigg_decode_seconds_total", "frigg_decode_steps_total", "frigg_decode_rows_total"];
+
+    fn read(agent: &ureq::Agent, url: &str) -> Option<[f64; 4]> {
+        let text = metrics_text(agent, url)?;
+        let mut v = [0.0; 4];
+        for (slot, name) in v.iter_mut().zip(Self::COUNTERS) {
+            *slot = metric_value(&text, name)?;
+        }
+        Some(v)
+    }
+
+    fn between(before: [f64; 4], after: [f64; 4]) -> EngineTime {
+        let d = |i: usize| after[i] - before[i];
+        EngineTime { prefill_s: d(0), decode_s: d(1), decode_steps: d(2).round() as u64, decode_rows: d(3).round() as u64 }
+    }
+
+    /// "prefill s / decode s (share of the wall) · mean decode batch"
+    fn cell(e: Option<&EngineTime>, wall_s: f64) -> String {
+        match e {
+            Some(e) => format!(
+                "{:.0} s ({:.0}%) / {:.0} s ({:.0}%) · {:.2}",
+                e.prefill_s,
+                e.prefill_s / wall_s * 100.0,
+                e.decode_s,
+                e.decode_s / wall_s * 100.0,
+                e.decode_rows as f64 / e.decode_steps.max(1) as f64
+            ),
+            None => "–".into(),
+        }
+    }
 }
 
 const PROMPTS: &[&str] = &[
@@ -237,11 +283,19 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+fn metrics_text(agent: &ureq::Agent, url: &str) -> Option<String> {
+    agent.get(format!("{}/metrics", url.trim_end_matches('/'))).call().ok()?.into_body().read_to_string().ok()
+}
+
+/// The value of an unlabelled metric in Prometheus text.
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())
+}
+
 /// Reads one gauge (`frigg_slots`, `frigg_busy_slots`, …) from the server's /metrics (None for
 /// other servers).
 fn server_gauge(agent: &ureq::Agent, url: &str, name: &str) -> Option<u64> {
-    let text = agent.get(format!("{}/metrics", url.trim_end_matches('/'))).call().ok()?.into_body().read_to_string().ok()?;
-    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())
+    metric_value(&metrics_text(agent, url)?, name).map(|v| v as u64)
 }
 
 pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
@@ -258,6 +312,7 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
         rss_mib(pid).ok_or_else(|| format!("--server-pid {pid}: no such process to sample"))?;
     }
     let sets = &mix_sets(slots.unwrap_or(1));
+    let engine_before = EngineTime::read(&agent, &o.url);
     let load_before = crate::bench::loadavg();
     let start = Instant::now();
     let deadline = start + o.duration;
@@ -302,6 +357,7 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
         results
     });
     let wall = start.elapsed().as_secs_f64();
+    let engine = engine_before.zip(EngineTime::read(&agent, &o.url)).map(|(b, a)| EngineTime::between(b, a));
     let soak = o.server_pid.map(|pid| {
         // A finished request frees its slot within one decode step: give the server a moment.
         let mut busy = None;
@@ -353,6 +409,7 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
         load_before,
         load_after: crate::bench::loadavg(),
         soak,
+        engine,
     })
 }
 
@@ -360,7 +417,7 @@ impl LoadReport {
     pub fn markdown_row(&self) -> String {
         let label = &self.label;
         format!(
-            "| {label} | {} | {} | {:.0} s ({:.0} s wall) | {} | {} | {} | {} | **{:.2}** | {:.2} s | {:.2} s | {:.2} → {:.2} |",
+            "| {label} | {} | {} | {:.0} s ({:.0} s wall) | {} | {} | {} | {} | **{:.2}** | {:.2} s | {:.2} s | {} | {:.2} → {:.2} |",
             self.server_slots.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
             self.streams,
             self.duration_s,
@@ -372,6 +429,7 @@ impl LoadReport {
             self.aggregate_tok_s,
             self.ttft_p50_s,
             self.ttft_p95_s,
+            EngineTime::cell(self.engine.as_ref(), self.wall_s),
             self.load_before,
             self.load_after
         )
@@ -407,6 +465,18 @@ impl LoadReport {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn engine_time_is_read_from_prometheus_text() {
+        let text = "# HELP frigg_prefill_seconds_total x\nfrigg_prefill_seconds_total 1.500000\nfrigg_prefill_seconds_total_other 9\nfrigg_decode_steps_total 12\n";
+        assert_eq!(super::metric_value(text, "frigg_prefill_seconds_total"), Some(1.5));
+        assert_eq!(super::metric_value(text, "frigg_decode_steps_total"), Some(12.0));
+        assert_eq!(super::metric_value(text, "frigg_decode_rows_total"), None);
+        let e = super::EngineTime::between([1.0, 2.0, 10.0, 30.0], [4.0, 12.0, 20.0, 70.0]);
+        assert_eq!((e.prefill_s, e.decode_s, e.decode_steps, e.decode_rows), (3.0, 10.0, 10, 40));
+        assert_eq!(super::EngineTime::cell(Some(&e), 20.0), "3 s (15%) / 10 s (50%) · 4.00");
+        assert_eq!(super::EngineTime::cell(None, 20.0), "–");
+    }
+
     #[test]
     fn only_loopback_urls_are_targets() {
         assert!(super::is_loopback("http://127.0.0.1:8080"));

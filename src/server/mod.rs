@@ -163,6 +163,19 @@ async fn metrics(st: web::Data<State>) -> HttpResponse {
     ] {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}\n"));
     }
+    let seconds = |f: fn(&Stats) -> u64| st.replicas.iter().map(|r| f(r)).sum::<u64>() as f64 / 1e6;
+    for (name, help, v) in [
+        ("frigg_prefill_seconds_total", "Engine time in prompt prefills.", seconds(|r| r.prefill_us.load(Ordering::Relaxed))),
+        ("frigg_decode_seconds_total", "Engine time in decode steps.", seconds(|r| r.decode_us.load(Ordering::Relaxed))),
+    ] {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v:.6}\n"));
+    }
+    for (name, help, v) in [
+        ("frigg_decode_steps_total", "Decode steps (one batched forward each).", sum(|r| r.decode_steps.load(Ordering::Relaxed))),
+        ("frigg_decode_rows_total", "Sequences carried by decode steps (rows / steps = mean batch).", sum(|r| r.decode_rows.load(Ordering::Relaxed))),
+    ] {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+    }
     out.push_str("# HELP frigg_replica_requests_total Requests routed to each replica.\n# TYPE frigg_replica_requests_total counter\n");
     for (i, r) in st.replicas.iter().enumerate() {
         out.push_str(&format!("frigg_replica_requests_total{{replica=\"{i}\"}} {}\n", r.routed.load(Ordering::Relaxed)));

@@ -9,7 +9,7 @@ use crate::generate::Finish;
 use crate::sampler::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
@@ -77,6 +77,19 @@ pub struct Stats {
     pub ready: AtomicBool,
     /// Requests routed to this replica.
     pub routed: AtomicUsize,
+    /// Where the engine thread's time goes: microseconds in prefill forwards (cancelled ones
+    /// included) and in decode steps, the decode steps, and the sequences those steps carried
+    /// (rows / steps is the mean batch).
+    pub prefill_us: AtomicU64,
+    pub decode_us: AtomicU64,
+    pub decode_steps: AtomicUsize,
+    pub decode_rows: AtomicUsize,
+}
+
+impl Stats {
+    fn add_time(counter: &AtomicU64, since: Instant) {
+        counter.fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
 }
 
 struct Seq {
@@ -155,7 +168,10 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     // A client that leaves mid-prefill stops the prefill within one graph node (CPU).
     let client_left = || job.events.is_closed();
     let cancel = Cancel(&client_left);
-    let logits = match engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel)) {
+    let t0 = Instant::now();
+    let prefilled = engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel));
+    Stats::add_time(&stats.prefill_us, t0);
+    let logits = match prefilled {
         Ok(mut l) => l.pop().expect("one row"),
         Err(EngineError::Compute(ComputeError::Cancelled)) => return, // its stream stays free
         Err(e) => {
@@ -325,7 +341,12 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     }
     if !batch.is_empty() {
         let pairs: Vec<(usize, u32)> = batch.iter().map(|&(s, t, _)| (s, t)).collect();
-        match engine.decode(&pairs) {
+        let t0 = Instant::now();
+        let decoded = engine.decode(&pairs);
+        Stats::add_time(&stats.decode_us, t0);
+        stats.decode_steps.fetch_add(1, Ordering::Relaxed);
+        stats.decode_rows.fetch_add(pairs.len(), Ordering::Relaxed);
+        match decoded {
             Ok(rows) => {
                 for ((_, _, i), row) in batch.iter().zip(rows) {
                     active[*i].logits = row;
