@@ -5,7 +5,8 @@
 # (the "in 2 MiB pages" column, or "flash attention" in the kernels column).
 #   scripts/bench-ab.sh hugepages FRIGG_HUGE_PAGES 0 1
 #   scripts/bench-ab.sh attention FRIGG_DECODE_ATTENTION flash ext
-# Env: MODEL (default models/mimir-q8_0.gguf), CONTEXTS (default 512,1024). An idle machine.
+# Env: MODEL (default models/mimir-q8_0.gguf), CONTEXTS (default 512,1024), KERNELS (frigg's
+# --kernels, default batched). An idle machine.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -19,7 +20,7 @@ for pair in 1 2 3 4; do
     for value in $order; do
         f="docs/bench/ab-$key-$pair-$([ "$value" = "$on" ] && echo on || echo off).json"
         env "$var=$value" $frigg bench matrix "${MODEL:-models/mimir-q8_0.gguf}" --batches 1,4 --contexts "${CONTEXTS:-512,1024}" \
-            --kernels batched --threads 2 --steps 8 --reps 3 --prefill 0 --json "$f"
+            --kernels "${KERNELS:-batched}" --threads 2 --steps 8 --reps 3 --prefill 0 --json "$f"
         files+=("$f")
     done
 done
