@@ -9,7 +9,10 @@
 # bench-gpu-vs.json; copy the JSON to docs/bench/ and render it with
 # `frigg bench render --matrix … --markdown docs/benchmarks.md --key gpu`.
 # NOT YET RUN on a GPU (no task of this project had one when it was written); expect to fix it
-# on its first run, and keep the rerun time in the device budget.
+# on its first run, and keep the rerun time in the device budget. Checked on the CPU machine with
+# the binary cuda-build.sh built (FRIGG_BIN=target-cuda/release/frigg SKIP_PARITY=1 SKIP_BENCH=1):
+# steps 1-2 pass (cuBLAS found, --version lists CUDA, env.json written); the smoke step then
+# fails as it must without a GPU.
 #
 # Env: FRIGG_BIN (default .device/frigg[.xz]), BUDGET_S (default 480, the script's own
 #      deadline), SKIP_PARITY=1, SKIP_BENCH=1.
