@@ -11,8 +11,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 threads="${1:-$(nproc)}"
 shift || true
+known=(q8_0 bf16 q4)
 groups=("$@")
-[ ${#groups[@]} -gt 0 ] || groups=(q8_0 bf16 q4)
+[ ${#groups[@]} -gt 0 ] || groups=("${known[@]}")
 frigg=./target/release/frigg
 cargo build --release --locked >/dev/null
 common=(--batches 1,4 --kernels batched --threads "$threads" --steps 8 --reps 3 --prefill 128 --vs llama.cpp)
@@ -25,7 +26,7 @@ for g in "${groups[@]}"; do
     esac
 done
 all=()
-for g in q8_0 bf16 q4; do
+for g in "${known[@]}"; do
     [ -f "docs/bench/vs-$g.json" ] && all+=("docs/bench/vs-$g.json")
 done
 $frigg bench render --matrix "${all[@]}" --markdown docs/benchmarks.md --key vs

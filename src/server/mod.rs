@@ -160,6 +160,8 @@ async fn metrics(st: web::Data<State>) -> HttpResponse {
         ("frigg_busy_slots", "Sequences decoding.", "gauge", sum(|r| r.busy_slots.load(Ordering::Relaxed))),
         ("frigg_slots", "Sequences decoded together at most (all replicas).", "gauge", st.slots * st.replicas.len()),
         ("frigg_replicas", "Engine replicas behind this endpoint.", "gauge", st.replicas.len()),
+        ("frigg_decode_steps_total", "Decode steps (one batched forward each).", "counter", sum(|r| r.decode_steps.load(Ordering::Relaxed))),
+        ("frigg_decode_rows_total", "Sequences carried by decode steps (rows / steps = mean batch).", "counter", sum(|r| r.decode_rows.load(Ordering::Relaxed))),
     ] {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}\n"));
     }
@@ -169,12 +171,6 @@ async fn metrics(st: web::Data<State>) -> HttpResponse {
         ("frigg_decode_seconds_total", "Engine time in decode steps.", seconds(|r| r.decode_us.load(Ordering::Relaxed))),
     ] {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v:.6}\n"));
-    }
-    for (name, help, v) in [
-        ("frigg_decode_steps_total", "Decode steps (one batched forward each).", sum(|r| r.decode_steps.load(Ordering::Relaxed))),
-        ("frigg_decode_rows_total", "Sequences carried by decode steps (rows / steps = mean batch).", sum(|r| r.decode_rows.load(Ordering::Relaxed))),
-    ] {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
     }
     out.push_str("# HELP frigg_replica_requests_total Requests routed to each replica.\n# TYPE frigg_replica_requests_total counter\n");
     for (i, r) in st.replicas.iter().enumerate() {
