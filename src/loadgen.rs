@@ -436,6 +436,42 @@ impl LoadReport {
     }
 }
 
+/// For each run with several slots, compared with the one-slot run before it in `reports`: the
+/// measured aggregate ratio, and the most the slots could give that one-slot workload if every
+/// decode row of a step cost nothing beyond the first (prefill seconds unchanged, since every
+/// stream waits during a prompt's prefill). From the one-slot run's engine time:
+/// ceiling = (prefill + decode) / (prefill + decode / slots).
+pub fn slot_scaling_lines(reports: &[LoadReport]) -> Vec<String> {
+    let mut lines = vec![];
+    let mut one: Option<&LoadReport> = None;
+    for r in reports {
+        match r.server_slots {
+            Some(1) => one = Some(r),
+            Some(slots) if slots > 1 => {
+                let Some(base) = one else { continue };
+                let mut line = format!(
+                    "- {} over {}: **{:.2}×** measured ({:.2} / {:.2} tok/s)",
+                    r.label,
+                    base.label,
+                    r.aggregate_tok_s / base.aggregate_tok_s,
+                    r.aggregate_tok_s,
+                    base.aggregate_tok_s
+                );
+                if let Some(e) = &base.engine {
+                    let ceiling = (e.prefill_s + e.decode_s) / (e.prefill_s + e.decode_s / slots as f64);
+                    line += &format!(
+                        "; ceiling with {slots} decode rows for the price of one: ({:.0} s + {:.0} s) / ({:.0} s + {:.0} s / {slots}) = **{ceiling:.2}×** (the one-slot run's prefill and decode seconds)",
+                        e.prefill_s, e.decode_s, e.prefill_s, e.decode_s
+                    );
+                }
+                lines.push(line + ".");
+            }
+            _ => {}
+        }
+    }
+    lines
+}
+
 impl LoadReport {
     pub fn soak_row(&self) -> Option<String> {
         let s = self.soak.as_ref()?;
@@ -475,6 +511,30 @@ mod tests {
         assert_eq!((e.prefill_s, e.decode_s, e.decode_steps, e.decode_rows), (3.0, 10.0, 10, 40));
         assert_eq!(super::EngineTime::cell(Some(&e), 20.0), "3 s (15%) / 10 s (50%) · 4.00");
         assert_eq!(super::EngineTime::cell(None, 20.0), "–");
+    }
+
+    #[test]
+    fn slot_scaling_compares_each_multi_slot_run_with_the_one_slot_run_before_it() {
+        let run = |label: &str, slots: u64, tok_s: f64, engine: Option<(f64, f64)>| {
+            let mut r: super::LoadReport = serde_json::from_value(serde_json::json!({
+                "label": label, "url": "http://127.0.0.1:1", "streams": 16, "duration_s": 120.0, "wall_s": 200.0,
+                "server_slots": slots, "requests": 1, "complete": 1, "errors": 0, "error_samples": [],
+                "prompt_tokens": 1, "completion_tokens": 1, "aggregate_tok_s": tok_s, "ttft_p50_s": 0.0, "ttft_p95_s": 0.0,
+                "machine": crate::bench::machine(), "load_before": 0.0, "load_after": 0.0
+            }))
+            .unwrap();
+            r.engine = engine.map(|(p, d)| super::EngineTime { prefill_s: p, decode_s: d, decode_steps: 1, decode_rows: 1 });
+            r
+        };
+        let lines = super::slot_scaling_lines(&[
+            run("tiny, 16 slots", 16, 100.0, None), // no one-slot run before it: no line
+            run("one", 1, 2.0, Some((80.0, 200.0))),
+            run("four", 4, 3.0, Some((90.0, 100.0))),
+        ]);
+        assert_eq!(lines.len(), 1);
+        // (80 + 200) / (80 + 200 / 4) = 280 / 130
+        assert!(lines[0].starts_with("- four over one: **1.50×** measured (3.00 / 2.00 tok/s); ceiling"), "{}", lines[0]);
+        assert!(lines[0].contains("= **2.15×**"), "{}", lines[0]);
     }
 
     #[test]

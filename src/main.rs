@@ -486,6 +486,7 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
                 let mut rows = vec![];
                 let mut machine = None;
                 let mut soak = None;
+                let mut reports = vec![];
                 for p in &load {
                     let r: frigg::loadgen::LoadReport = serde_json::from_str(&read(p)?).map_err(|e| format!("{}: not a `frigg bench load` report: {e}", p.display()))?;
                     // One table is either load runs or soaks (with --server-pid), not both.
@@ -493,7 +494,13 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
                         return Err(format!("{}: soak and plain load reports go in separate tables", p.display()));
                     }
                     rows.push(r.soak_row().unwrap_or_else(|| r.markdown_row()));
-                    machine.get_or_insert(r.machine);
+                    machine.get_or_insert(r.machine.clone());
+                    reports.push(r);
+                }
+                let scaling = frigg::loadgen::slot_scaling_lines(&reports);
+                if soak != Some(true) && !scaling.is_empty() {
+                    // after the table: one blank line ends it
+                    rows.push(format!("\nSlots against one slot, from the rows above:\n\n{}", scaling.join("\n")));
                 }
                 let header = if soak == Some(true) {
                     "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | server resident memory after warm-up → end (growth, max) | busy slots at end | queue at end | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
