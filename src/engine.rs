@@ -526,6 +526,18 @@ impl Engine {
         self.lens[dst] = Some(len);
         Ok(())
     }
+
+    /// Moves stream `src`'s sequence into the free stream `dst`: its cells are copied and `src`
+    /// is freed. A decode step computes rows 0..=the highest stream it names, so packing live
+    /// sequences low keeps free streams below them from costing a padding row every step.
+    pub fn move_stream(&mut self, src: usize, dst: usize) -> Result<(), EngineError> {
+        if self.stream_len(dst).is_some() {
+            return Err(EngineError::BadStream(dst));
+        }
+        self.fork(src, dst)?;
+        self.release(src);
+        Ok(())
+    }
 }
 
 fn steps_equal(a: &ext::hrm_step, b: &ext::hrm_step) -> bool {

@@ -71,7 +71,7 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
 }
 
 #[test]
-fn rewind_then_replay_equals_a_fresh_run_and_fork_copies_the_prefix() {
+fn rewind_then_replay_equals_a_fresh_run_and_fork_and_move_copy_the_sequence() {
     let (_d, mut e) = engine(OutType::F32, KvType::F16, 3);
     let p = &prompts()[0];
     let (fresh, bits) = alone(&mut e, p, 6);
@@ -92,6 +92,14 @@ fn rewind_then_replay_equals_a_fresh_run_and_fork_copies_the_prefix() {
     let rows = e.decode(&[(0, fresh[0]), (2, fresh[0])]).unwrap();
     assert_eq!(rows[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[0]);
     assert_eq!(rows[1].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[0]);
+    // Move stream 2 mid-sequence into stream 1 and continue it there: the rows of a sequence
+    // that never moved. A move onto a live stream is refused.
+    assert!(e.move_stream(2, 0).is_err());
+    e.release(0);
+    e.move_stream(2, 1).unwrap();
+    assert_eq!((e.stream_len(1), e.stream_len(2)), (Some(p.len() + 1), None));
+    let rows = e.decode(&[(1, fresh[1])]).unwrap();
+    assert_eq!(rows[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[1]);
 }
 
 #[test]

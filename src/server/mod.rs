@@ -162,6 +162,7 @@ async fn metrics(st: web::Data<State>) -> HttpResponse {
         ("frigg_replicas", "Engine replicas behind this endpoint.", "gauge", st.replicas.len()),
         ("frigg_decode_steps_total", "Decode steps (one batched forward each).", "counter", sum(|r| r.decode_steps.load(Ordering::Relaxed))),
         ("frigg_decode_rows_total", "Sequences carried by decode steps (rows / steps = mean batch).", "counter", sum(|r| r.decode_rows.load(Ordering::Relaxed))),
+        ("frigg_decode_padding_rows_total", "Rows decode steps computed for free streams below a live one (logits dropped).", "counter", sum(|r| r.decode_padding_rows.load(Ordering::Relaxed))),
     ] {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}\n"));
     }

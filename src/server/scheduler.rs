@@ -84,6 +84,8 @@ pub struct Stats {
     pub decode_us: AtomicU64,
     pub decode_steps: AtomicUsize,
     pub decode_rows: AtomicUsize,
+    /// Rows a decode step computed for free streams below its highest (their logits dropped).
+    pub decode_padding_rows: AtomicUsize,
 }
 
 impl Stats {
@@ -103,6 +105,8 @@ struct Seq {
     /// Logprobs of tokens whose text the decoder still holds back.
     pending: Vec<TokenLogprob>,
     grammar: Option<Grammar>,
+    /// The token sampled last, fed at the next decode step.
+    next: u32,
 }
 
 /// Runs until `jobs` disconnects (shutdown) and every active sequence has finished or been
@@ -113,6 +117,7 @@ pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: 
     // The head of the queue, taken from the channel but not yet admitted: a request with n
     // choices waits here until n streams are free (first come, first served).
     let mut head: Option<Job> = None;
+    let mut padded = false; // the last decode step computed padding rows
     stats.ready.store(true, Ordering::SeqCst);
     loop {
         let free = engine.n_stream() - active.len();
@@ -149,8 +154,29 @@ pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: 
             }
             continue;
         }
-        step(&mut engine, &tok, &mut active, &stats);
+        // A free stream below a live one that outlived a step with nothing waiting (no admit
+        // took it): move the live ones down rather than pay a padding row every step. Under
+        // back-to-back requests an admit refills it within the step, and nothing is copied.
+        let pack = padded && head.is_none() && jobs.is_empty();
+        padded = step(&mut engine, &tok, &mut active, &stats, pack) > 0;
         stats.busy_slots.store(active.len(), Ordering::SeqCst);
+    }
+}
+
+/// Moves the sequence in the highest stream into the lowest free one while that is below it.
+/// A decode step computes a row for every stream up to the highest it names, so a free stream
+/// below a live one costs a padding row every step; a move costs one copy of the moved
+/// sequence's cells.
+fn compact(engine: &mut Engine, active: &mut [Seq]) {
+    while let (Some(hole), Some(top)) = (engine.free_stream(), active.iter_mut().max_by_key(|s| s.stream)) {
+        if top.stream < hole {
+            return;
+        }
+        if let Err(e) = engine.move_stream(top.stream, hole) {
+            tracing::warn!("could not move stream {} to {hole}: {e}", top.stream);
+            return;
+        }
+        top.stream = hole;
     }
 }
 
@@ -207,13 +233,14 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
                 GrammarSpec::JsonObject => Grammar::Json(JsonMachine::default()),
                 GrammarSpec::Tools { ids, names, choice, parallel } => Grammar::Tools(ToolMachine::new(ids, names, choice, parallel)),
             }),
+            next: 0,
         });
     }
 }
 
-/// Samples every active sequence, finishes those that ended, decodes the rest in one step.
-fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Stats) {
-    let mut batch = vec![];
+/// Samples every active sequence, finishes those that ended, decodes the rest in one step
+/// (with `pack`, first moved into the lowest streams). Returns the padding rows it computed.
+fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Stats, pack: bool) -> usize {
     let mut finished = vec![];
     for (i, seq) in active.iter_mut().enumerate() {
         if seq.job.events.is_closed() {
@@ -303,7 +330,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
                 flush(seq, tok, if complete_calls { Finish::ToolCalls } else { Finish::Length });
                 finished.push(i);
             } else {
-                batch.push((seq.stream, c.token, i));
+                seq.next = c.token;
             }
             continue;
         }
@@ -336,28 +363,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
             flush(seq, tok, Finish::Length);
             finished.push(i);
         } else {
-            batch.push((seq.stream, c.token, i));
-        }
-    }
-    if !batch.is_empty() {
-        let pairs: Vec<(usize, u32)> = batch.iter().map(|&(s, t, _)| (s, t)).collect();
-        let t0 = Instant::now();
-        let decoded = engine.decode(&pairs);
-        Stats::add_time(&stats.decode_us, t0);
-        stats.decode_steps.fetch_add(1, Ordering::Relaxed);
-        stats.decode_rows.fetch_add(pairs.len(), Ordering::Relaxed);
-        match decoded {
-            Ok(rows) => {
-                for ((_, _, i), row) in batch.iter().zip(rows) {
-                    active[*i].logits = row;
-                }
-            }
-            Err(e) => {
-                for &(_, _, i) in &batch {
-                    let _ = active[i].job.events.send(Event::Error(e.to_string()));
-                    finished.push(i);
-                }
-            }
+            seq.next = c.token;
         }
     }
     finished.sort_unstable();
@@ -366,6 +372,34 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
         let seq = active.swap_remove(i);
         engine.release(seq.stream);
     }
+    if pack {
+        compact(engine, active);
+    }
+    if active.is_empty() {
+        return 0;
+    }
+    let pairs: Vec<(usize, u32)> = active.iter().map(|seq| (seq.stream, seq.next)).collect();
+    let t0 = Instant::now();
+    let decoded = engine.decode(&pairs);
+    Stats::add_time(&stats.decode_us, t0);
+    stats.decode_steps.fetch_add(1, Ordering::Relaxed);
+    stats.decode_rows.fetch_add(pairs.len(), Ordering::Relaxed);
+    let padding = pairs.iter().map(|p| p.0 + 1).max().unwrap_or(0) - pairs.len();
+    stats.decode_padding_rows.fetch_add(padding, Ordering::Relaxed);
+    match decoded {
+        Ok(rows) => {
+            for (seq, row) in active.iter_mut().zip(rows) {
+                seq.logits = row;
+            }
+        }
+        Err(e) => {
+            for seq in active.drain(..) {
+                let _ = seq.job.events.send(Event::Error(e.to_string()));
+                engine.release(seq.stream);
+            }
+        }
+    }
+    padding
 }
 
 fn flush(seq: &mut Seq, tok: &Tokenizer, finish: Finish) {

@@ -544,3 +544,34 @@ def test_disconnect_mid_prefill_stops_the_prefill_and_frees_the_slot():
         assert r.choices[0].message.content is not None
     finally:
         assert s.stop() == 0
+
+
+def test_a_sequence_above_a_free_stream_moves_down_and_reads_the_same():
+    """A decode step computes a row for every stream up to the highest live one. When the
+    request in stream 0 ends while the one in stream 1 runs on and nothing waits, the server
+    moves the survivor into stream 0 after one padded step: one padding row in all (not one per
+    remaining step), and the moved request's text is that of the same seeded request run alone."""
+    s = Server("--slots", "4", "--queue", "4", model=medium_model(), ctx=512)
+    try:
+        c = s.client(key="none")
+        long_req = dict(model="x", messages=MSG, max_tokens=96, temperature=1.0, seed=11, extra_body={"ignore_eos": True})
+        alone = c.chat.completions.create(**long_req).choices[0].message.content
+        rows0, steps0 = metric(s, "frigg_decode_rows_total"), metric(s, "frigg_decode_steps_total")
+
+        short = c.chat.completions.create(model="x", messages=MSG, max_tokens=48, temperature=1.0, seed=3, stream=True, extra_body={"ignore_eos": True})
+        first = next(iter(short))  # the short request holds stream 0 from here
+        assert first.choices
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=c.chat.completions.create(**long_req)))
+        t.start()  # stream 1
+        tail = list(short)
+        t.join()
+        assert tail[-1].choices[0].finish_reason == "length"
+        assert result["r"].choices[0].message.content == alone
+        # Both ran together for some steps (so the long one was in stream 1), and the short one
+        # ended first with half the long one's steps to go; only the step right after computed
+        # a row for the free stream 0.
+        assert metric(s, "frigg_decode_rows_total") - rows0 > metric(s, "frigg_decode_steps_total") - steps0
+        assert metric(s, "frigg_decode_padding_rows_total") == 1
+    finally:
+        assert s.stop() == 0
