@@ -84,36 +84,52 @@ pub struct EngineTime {
     pub decode_s: f64,
     pub decode_steps: u64,
     pub decode_rows: u64,
+    /// Rows computed for free streams below a live one (None: a server without the counter).
+    #[serde(default)]
+    pub padding_rows: Option<u64>,
 }
 
 impl EngineTime {
     const COUNTERS: [&'static str; 4] = ["frigg_prefill_seconds_total", "frigg_decode_seconds_total", "frigg_decode_steps_total", "frigg_decode_rows_total"];
 
-    fn read(agent: &ureq::Agent, url: &str) -> Option<[f64; 4]> {
+    const PADDING: &'static str = "frigg_decode_padding_rows_total";
+
+    /// The four counters, and the padding rows where the server has that counter.
+    fn read(agent: &ureq::Agent, url: &str) -> Option<([f64; 4], Option<f64>)> {
         let text = metrics_text(agent, url)?;
         let mut v = [0.0; 4];
         for (slot, name) in v.iter_mut().zip(Self::COUNTERS) {
             *slot = metric_value(&text, name)?;
         }
-        Some(v)
+        Some((v, metric_value(&text, Self::PADDING)))
     }
 
-    fn between(before: [f64; 4], after: [f64; 4]) -> EngineTime {
-        let d = |i: usize| after[i] - before[i];
-        EngineTime { prefill_s: d(0), decode_s: d(1), decode_steps: d(2).round() as u64, decode_rows: d(3).round() as u64 }
+    fn between(before: ([f64; 4], Option<f64>), after: ([f64; 4], Option<f64>)) -> EngineTime {
+        let d = |i: usize| after.0[i] - before.0[i];
+        EngineTime {
+            prefill_s: d(0),
+            decode_s: d(1),
+            decode_steps: d(2).round() as u64,
+            decode_rows: d(3).round() as u64,
+            padding_rows: after.1.zip(before.1).map(|(a, b)| (a - b).round() as u64),
+        }
     }
 
-    /// "prefill s / decode s (share of the wall) · mean decode batch"
+    /// "prefill s / decode s (share of the wall) · mean decode batch (+ mean padding rows)"
     fn cell(e: Option<&EngineTime>, wall_s: f64) -> String {
         match e {
-            Some(e) => format!(
-                "{:.0} s ({:.0}%) / {:.0} s ({:.0}%) · {:.2}",
-                e.prefill_s,
-                e.prefill_s / wall_s * 100.0,
-                e.decode_s,
-                e.decode_s / wall_s * 100.0,
-                e.decode_rows as f64 / e.decode_steps.max(1) as f64
-            ),
+            Some(e) => {
+                let steps = e.decode_steps.max(1) as f64;
+                format!(
+                    "{:.0} s ({:.0}%) / {:.0} s ({:.0}%) · {:.2}{}",
+                    e.prefill_s,
+                    e.prefill_s / wall_s * 100.0,
+                    e.decode_s,
+                    e.decode_s / wall_s * 100.0,
+                    e.decode_rows as f64 / steps,
+                    e.padding_rows.map(|p| format!(" (+{:.2} padding)", p as f64 / steps)).unwrap_or_default()
+                )
+            }
             None => "–".into(),
         }
     }
@@ -507,9 +523,11 @@ mod tests {
         assert_eq!(super::metric_value(text, "frigg_prefill_seconds_total"), Some(1.5));
         assert_eq!(super::metric_value(text, "frigg_decode_steps_total"), Some(12.0));
         assert_eq!(super::metric_value(text, "frigg_decode_rows_total"), None);
-        let e = super::EngineTime::between([1.0, 2.0, 10.0, 30.0], [4.0, 12.0, 20.0, 70.0]);
-        assert_eq!((e.prefill_s, e.decode_s, e.decode_steps, e.decode_rows), (3.0, 10.0, 10, 40));
+        let e = super::EngineTime::between(([1.0, 2.0, 10.0, 30.0], None), ([4.0, 12.0, 20.0, 70.0], Some(5.0)));
+        assert_eq!((e.prefill_s, e.decode_s, e.decode_steps, e.decode_rows, e.padding_rows), (3.0, 10.0, 10, 40, None));
         assert_eq!(super::EngineTime::cell(Some(&e), 20.0), "3 s (15%) / 10 s (50%) · 4.00");
+        let e = super::EngineTime::between(([1.0, 2.0, 10.0, 30.0], Some(1.0)), ([4.0, 12.0, 20.0, 70.0], Some(6.0)));
+        assert_eq!(super::EngineTime::cell(Some(&e), 20.0), "3 s (15%) / 10 s (50%) · 4.00 (+0.50 padding)");
         assert_eq!(super::EngineTime::cell(None, 20.0), "–");
     }
 
@@ -523,7 +541,7 @@ mod tests {
                 "machine": crate::bench::machine(), "load_before": 0.0, "load_after": 0.0
             }))
             .unwrap();
-            r.engine = engine.map(|(p, d)| super::EngineTime { prefill_s: p, decode_s: d, decode_steps: 1, decode_rows: 1 });
+            r.engine = engine.map(|(p, d)| super::EngineTime { prefill_s: p, decode_s: d, decode_steps: 1, decode_rows: 1, padding_rows: None });
             r
         };
         let lines = super::slot_scaling_lines(&[

@@ -505,7 +505,7 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
                 let header = if soak == Some(true) {
                     "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | server resident memory after warm-up → end (growth, max) | busy slots at end | queue at end | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
                 } else {
-                    "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | aggregate tok/s | TTFT p50 | TTFT p95 | engine time: prefill / decode (share of wall) · mean decode batch | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+                    "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | aggregate tok/s | TTFT p50 | TTFT p95 | engine time: prefill / decode (share of wall) · mean decode batch (+ padding rows per step) | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
                 };
                 (machine, header, rows)
             } else {
