@@ -5,17 +5,21 @@
 # stages a stripped CUDA frigg in .device/, which is git-excluded and so must be carried:
 #   run(command="bash scripts/device-check.sh", carry=[".device"], timeout_s=540)
 # It uses the machine's own cuBLAS 13 and python3 (numpy) for the random Mimir checkpoint.
-# Leaves in $OUT: env.json, log.txt, parity-gpu.json, parity-cpu.json, bench-gpu.json and
-# bench-gpu-vs.json; copy the JSON to docs/bench/ and render it with
-# `frigg bench render --matrix … --markdown docs/benchmarks.md --key gpu`.
+# Leaves in $OUT: env.json, log.txt, parity-gpu.json, parity-cpu.json, bench-gpu.json,
+# bench-gpu-vs.json, load-gpu-1.json and load-gpu-4.json (with the servers' logs); copy the JSON
+# to docs/bench/ and render it with `frigg bench render --matrix … --key gpu` and
+# `frigg bench render --load load-gpu-1.json load-gpu-4.json --key load-gpu`.
 # NOT YET RUN on a GPU (no task of this project had one when it was written); expect to fix it
 # on its first run, and keep the rerun time in the device budget. Checked on the CPU machine with
 # the binary cuda-build.sh built (FRIGG_BIN=target-cuda/release/frigg SKIP_PARITY=1 SKIP_BENCH=1):
 # steps 1-2 pass (cuBLAS found, --version lists CUDA, env.json written); the smoke step then
-# fails as it must without a GPU.
+# fails as it must without a GPU. Step 6 was tried the same way with LOAD_DEVICES=cpu
+# MIMIR_GGUF=demo/frigg-demo.gguf LOAD_CTX=256 LOAD_S=5: both load runs complete, JSON written.
 #
 # Env: FRIGG_BIN (default .device/frigg[.xz]), BUDGET_S (default 480, the script's own
-#      deadline), SKIP_PARITY=1, SKIP_BENCH=1.
+#      deadline), SKIP_PARITY=1, SKIP_BENCH=1, SKIP_LOAD=1, LOAD_S (default 30), MIMIR_GGUF (a
+#      Mimir-shaped GGUF already there: skips making one), LOAD_DEVICES (default 0; `cpu` to try
+#      step 6 on a machine without a GPU), LOAD_CTX (default 512).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -86,14 +90,46 @@ fi
 #    is left, the same file through llama.cpp alternated with frigg (best effort: without
 #    models/gemma4-tokenizer carried, the file's tokenizer is the small fixture one, whose
 #    vocabulary llama.cpp may refuse to pair with the model's 262,144 rows).
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
+mimir="${MIMIR_GGUF:-$tmp/mimir-bf16.gguf}"
+if [ ! -f "$mimir" ] && { [ "${SKIP_BENCH:-0}" != 1 ] || [ "${SKIP_LOAD:-0}" != 1 ]; }; then
     step mimir-random 180 python3 scripts/make_mimir_random.py "$tmp/mimir" \
-        && step convert-bf16 120 "$bin" convert "$tmp/mimir" -o "$tmp/mimir-bf16.gguf" --type bf16 \
-        && rm -rf "$tmp/mimir" \
-        && step bench-gpu 200 "$bin" bench matrix "$tmp/mimir-bf16.gguf" --device gpu \
-            --batches 1,8,64 --contexts 512 --kernels batched --steps 32 --reps 3 --prefill 512 \
-            --threads "$threads" --json "$OUT/bench-gpu.json" \
-        && step bench-gpu-vs 150 "$bin" bench matrix "$tmp/mimir-bf16.gguf" --device gpu --vs llama.cpp \
-            --batches 1,8 --contexts 512 --kernels batched --steps 32 --reps 3 --prefill 512 \
-            --threads "$threads" --json "$OUT/bench-gpu-vs.json"
+        && step convert-bf16 120 "$bin" convert "$tmp/mimir" -o "$mimir" --type bf16
+    rm -rf "$tmp/mimir"
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$mimir" ]; then
+    step bench-gpu 200 "$bin" bench matrix "$mimir" --device gpu \
+        --batches 1,8,64 --contexts 512 --kernels batched --steps 32 --reps 3 --prefill 512 \
+        --threads "$threads" --json "$OUT/bench-gpu.json" \
+    && step bench-gpu-vs 150 "$bin" bench matrix "$mimir" --device gpu --vs llama.cpp \
+        --batches 1,8 --contexts 512 --kernels batched --steps 32 --reps 3 --prefill 512 \
+        --threads "$threads" --json "$OUT/bench-gpu-vs.json"
+fi
+
+# 6. Serving on the GPU through `--devices 0` (one CUDA replica behind the HTTP front): the
+#    load test's 16 streaming clients with 1 slot, then 4 slots, LOAD_S seconds each (default
+#    30; the CPU table's runs are 120). Target: 4 slots >= 2.5x one slot's aggregate. Render
+#    with `frigg bench render --load load-gpu-1.json load-gpu-4.json --key load-gpu`.
+if [ "${SKIP_LOAD:-0}" != 1 ] && [ -f "$mimir" ]; then
+    for slots in 1 4; do
+        port=$((20000 + RANDOM % 20000))
+        "$bin" serve "$mimir" --devices "${LOAD_DEVICES:-0}" --slots "$slots" --queue 16 --ctx "${LOAD_CTX:-512}" \
+            --port "$port" --threads "$threads" 2> "$OUT/serve-gpu-$slots.log" &
+        pid=$!
+        python3 - "$port" "$pid" <<'PY' || { echo "serve did not become healthy: $OUT/serve-gpu-$slots.log"; kill $pid 2>/dev/null; break; }
+import os, sys, time, urllib.request
+for _ in range(240):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2)
+        sys.exit(0)
+    except Exception:
+        os.kill(int(sys.argv[2]), 0)  # raises (exit 1) once the server has exited
+        time.sleep(0.5)
+sys.exit(1)
+PY
+        step "load-gpu-$slots" 120 "$bin" bench load --url "http://127.0.0.1:$port" --streams 16 \
+            --duration "${LOAD_S:-30}" --max-tokens 16,32 --label "Mimir shape, bf16, GPU, $slots slot(s)" \
+            --json "$OUT/load-gpu-$slots.json"
+        kill -TERM $pid
+        wait $pid
+    done
 fi
