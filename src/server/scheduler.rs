@@ -156,7 +156,7 @@ pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: 
         }
         // A free stream below a live one that outlived a step with nothing waiting (no admit
         // took it): move the live ones down rather than pay a padding row every step. Under
-        // back-to-back requests an admit refills it within the step, and nothing is copied.
+        // back-to-back requests an admit refills it before the next step, and nothing is copied.
         let pack = padded && head.is_none() && jobs.is_empty();
         padded = step(&mut engine, &tok, &mut active, &stats, pack) > 0;
         stats.busy_slots.store(active.len(), Ordering::SeqCst);
