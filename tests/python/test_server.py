@@ -453,10 +453,10 @@ def test_replicas_behind_one_endpoint_share_the_load():
         assert "frigg_replicas 2" in metrics
         # Where the engines' time went: each request prefilled once; its first token comes from
         # the prefill's logits and its last ends it, so 24 tokens take 23 decode rows.
-        counter = {l.split()[0]: float(l.split()[1]) for l in metrics.splitlines() if l.startswith("frigg_") and "{" not in l}
-        assert counter["frigg_decode_rows_total"] == 6 * 23, metrics
-        assert 1 <= counter["frigg_decode_steps_total"] <= counter["frigg_decode_rows_total"], metrics
-        assert counter["frigg_prefill_seconds_total"] > 0 and counter["frigg_decode_seconds_total"] > 0, metrics
+        rows = metric(s, "frigg_decode_rows_total")
+        assert rows == 6 * 23, metrics
+        assert 1 <= metric(s, "frigg_decode_steps_total") <= rows, metrics
+        assert metric(s, "frigg_prefill_seconds_total") > 0 and metric(s, "frigg_decode_seconds_total") > 0, metrics
     finally:
         assert s.stop() == 0
 
