@@ -364,6 +364,10 @@ def make_cases(shape: str, vocab: int) -> list:
         add(f"verify{k}_p{plen}_k{klen}", ids, [1] * plen + [0] * klen, mode="verify", max_new=0, prefix_len=plen)
     ids = u + prompt(6)
     add("verify_chat_k6", ids, [1] * len(u) + [0] * 6, mode="verify", max_new=0, prefix_len=len(u))
+    # verify, then generation on its cache (appended last: earlier cases keep their prompts)
+    plen, klen = rng.randint(3, 30), 5
+    ids = prompt(plen + klen)
+    add(f"verify_gen_p{plen}_k{klen}", ids, [1] * plen + [0] * klen, mode="verify", max_new=6, prefix_len=plen)
     return cases
 
 

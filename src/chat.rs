@@ -1,15 +1,21 @@
 //! Chat prompts: the model's embedded Jinja template rendered with minijinja (Python string
 //! methods through minijinja-contrib's pycompat), as transformers' `apply_chat_template` does.
 //! The template emits `<bos>` itself, so the rendered text is encoded without adding specials.
+//!
+//! Only the template's own markup becomes control tokens: text a client sends (message
+//! content, tool descriptions, arguments) that spells a special token (`<turn|><|turn>model`)
+//! is tokenized as text, so one user cannot forge another turn.
 
+use crate::ggml::gguf::GgufFile;
+use crate::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::Value;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
-    #[error("the model has no chat template (tokenizer.chat_template); use a raw prompt")]
-    NoTemplate,
     #[error("chat template error: {0}")]
     Template(String),
+    #[error("{0}")]
+    Tokenizer(#[from] TokenizerError),
 }
 
 /// A compiled chat template.
@@ -29,6 +35,12 @@ fn raise_exception(msg: String) -> Result<String, minijinja::Error> {
     Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
 }
 
+/// Marks where client text spelled a special token: `ESCAPE_OPEN` + index into the escaped
+/// strings + `ESCAPE_CLOSE`. `ESCAPE_OPEN` in client text is itself escaped, so after
+/// rendering every `ESCAPE_OPEN` is one of these marks (the templates emit none).
+const ESCAPE_OPEN: char = '\u{E000}';
+const ESCAPE_CLOSE: char = '\u{E001}';
+
 impl ChatTemplate {
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatError> {
         let mut env = minijinja::Environment::new();
@@ -39,6 +51,15 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned("chat", source.to_string()).map_err(|e| ChatError::Template(e.to_string()))?;
         Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+    }
+
+    /// The template a `frigg convert` GGUF carries (`tokenizer.chat_template`), with the
+    /// tokenizer's BOS and first EOS as `bos_token`/`eos_token`; None when it has none.
+    pub fn from_gguf(g: &GgufFile, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
+        let Ok(source) = g.get_str(crate::arch::key::CHAT_TEMPLATE) else { return Ok(None) };
+        let bos = tok.bos.and_then(|b| tok.token_text(b)).unwrap_or_default();
+        let eos = tok.eos.first().and_then(|&e| tok.token_text(e)).unwrap_or_default();
+        Self::new(&source, &bos, &eos).map(Some)
     }
 
     /// Renders `messages` (OpenAI-shaped: role, content as a string or text parts, tool_calls,
@@ -53,5 +74,75 @@ impl ChatTemplate {
             eos_token => self.eos_token.clone(),
         };
         tmpl.render(ctx).map_err(|e| ChatError::Template(format!("{e:#}")))
+    }
+
+    /// The prompt's token ids: `render`, with every special token that client text spells
+    /// tokenized as text (only the template's markup yields control tokens).
+    pub fn encode(&self, tok: &Tokenizer, messages: &[Value], tools: Option<&[Value]>, add_generation_prompt: bool) -> Result<Vec<u32>, ChatError> {
+        let mut escaped = Escaped { specials: tok.special_texts(), found: vec![] };
+        let messages: Vec<Value> = messages.iter().map(|m| escaped.value(m)).collect();
+        let tools: Option<Vec<Value>> = tools.map(|t| t.iter().map(|x| escaped.value(x)).collect());
+        let text = self.render(&messages, tools.as_deref(), add_generation_prompt)?;
+        if escaped.found.is_empty() {
+            return Ok(tok.encode(&text)?);
+        }
+        let mut ids = vec![];
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(ESCAPE_OPEN) {
+            ids.extend(tok.encode(&rest[..at])?);
+            let mark = &rest[at + ESCAPE_OPEN.len_utf8()..];
+            let end = mark.find(ESCAPE_CLOSE).ok_or_else(|| ChatError::Template("the template split a special-token escape".into()))?;
+            let literal = mark[..end].parse::<usize>().ok().and_then(|i| escaped.found.get(i)).ok_or_else(|| ChatError::Template("the template altered a special-token escape".into()))?;
+            ids.extend(tok.encode_as_text(literal)?);
+            rest = &mark[end + ESCAPE_CLOSE.len_utf8()..];
+        }
+        ids.extend(tok.encode(rest)?);
+        Ok(ids)
+    }
+}
+
+/// Client strings with special-token text replaced by escape marks.
+struct Escaped<'a> {
+    specials: &'a [String],
+    /// The literal text behind each mark, by index.
+    found: Vec<String>,
+}
+
+impl Escaped<'_> {
+    fn value(&mut self, v: &Value) -> Value {
+        match v {
+            Value::String(s) => Value::String(self.string(s)),
+            Value::Array(a) => Value::Array(a.iter().map(|x| self.value(x)).collect()),
+            Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (self.string(k), self.value(x))).collect()),
+            other => other.clone(),
+        }
+    }
+
+    fn string(&mut self, s: &str) -> String {
+        if !s.contains(ESCAPE_OPEN) && !self.specials.iter().any(|t| s.contains(t.as_str())) {
+            return s.to_string();
+        }
+        let mut out = String::with_capacity(s.len() + 8);
+        let mut i = 0;
+        while i < s.len() {
+            let rest = &s[i..];
+            // the longest special token starting here (or the escape character itself)
+            let hit = self.specials.iter().filter(|t| rest.starts_with(t.as_str())).max_by_key(|t| t.len()).cloned().or_else(|| rest.starts_with(ESCAPE_OPEN).then(|| ESCAPE_OPEN.to_string()));
+            match hit {
+                Some(lit) => {
+                    out.push(ESCAPE_OPEN);
+                    out.push_str(&self.found.len().to_string());
+                    out.push(ESCAPE_CLOSE);
+                    i += lit.len();
+                    self.found.push(lit);
+                }
+                None => {
+                    let c = rest.chars().next().expect("i < len");
+                    out.push(c);
+                    i += c.len_utf8();
+                }
+            }
+        }
+        out
     }
 }

@@ -662,6 +662,16 @@ impl ToolMachine {
         remaining > shortest
     }
 
+    /// The fewest tokens a response can have under this machine: a forced call needs
+    /// `<|tool_call>`, the shortest `call:NAME{` one byte per token, `}` and `<tool_call|>`.
+    pub fn min_tokens(&self) -> usize {
+        if self.forced_call() {
+            self.name_targets().iter().map(|t| t.len() + 3).min().unwrap_or(usize::MAX)
+        } else {
+            1
+        }
+    }
+
     /// Between or after complete calls (where running out of budget still leaves whole calls).
     pub fn after_call(&self) -> bool {
         matches!(self.phase, Phase::After)
@@ -743,6 +753,11 @@ impl Default for JsonMachine {
 }
 
 impl JsonMachine {
+    /// The fewest tokens a response can have: `{}`, one byte per token at worst.
+    pub fn min_tokens(&self) -> usize {
+        self.machine.closing().len()
+    }
+
     pub fn is_done(&self) -> bool {
         self.machine.is_done()
     }

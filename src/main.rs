@@ -226,6 +226,18 @@ enum Command {
         /// indices (`0,1`, CUDA builds) or `cpu` (each CPU replica loads its own weights).
         #[arg(long)]
         devices: Option<String>,
+        /// Seconds after SIGTERM during which requests are still served while /health
+        /// answers 503, so load balancers notice before the listener closes.
+        #[arg(long, default_value_t = 0.0)]
+        drain_delay: f64,
+        /// Seconds requests in flight may run once no new ones are accepted; those still
+        /// running then end with an error and frigg exits non-zero.
+        #[arg(long, default_value_t = 600.0)]
+        drain_timeout: f64,
+        /// Who may read /metrics: `auto` (open on loopback, the API key elsewhere), `key`, or
+        /// `open` (no key, e.g. for an in-cluster Prometheus).
+        #[arg(long, default_value = "auto", value_parser = ["auto", "key", "open"])]
+        metrics_auth: String,
         #[command(flatten)]
         runner: RunnerArgs,
     },
@@ -404,8 +416,7 @@ enum BenchCommand {
 fn bench(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
         BenchCommand::Load { url, streams, duration, max_tokens, api_key, label, json, mix, server_pid, warmup } => {
-            let secs = |s: f64, flag: &str| std::time::Duration::try_from_secs_f64(s).map_err(|_| format!("{flag} {s}: not a number of seconds"));
-            let o = frigg::loadgen::LoadOptions { label, url, streams, duration: secs(duration, "--duration")?, max_tokens, api_key, mix, server_pid, warmup: secs(warmup, "--warmup")? };
+            let o = frigg::loadgen::LoadOptions { label, url, streams, duration: seconds(duration, "--duration")?, max_tokens, api_key, mix, server_pid, warmup: seconds(warmup, "--warmup")? };
             let r = frigg::loadgen::run(&o)?;
             println!("{}", r.soak_row().unwrap_or_else(|| r.markdown_row()));
             if let Some(p) = json {
@@ -629,8 +640,9 @@ fn main() -> ExitCode {
         Command::Parity { fixtures, eps, json, markdown, threads, device } => exit(parse_device(&device).and_then(|gpu| parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads, gpu))),
         Command::Bench(cmd) => exit(bench(cmd)),
         Command::Eval { models, task, data, arms, threads, max_tokens, limit, json, markdown, key } => exit(eval(models, task, data, arms, threads, max_tokens, limit, json, markdown, key)),
-        Command::Serve { model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, runner } => {
-            exit(serve(model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, &runner))
+        Command::Serve { model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, drain_delay, drain_timeout, metrics_auth, runner } => {
+            let drain = (drain_delay, drain_timeout, metrics_auth);
+            exit(serve(model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, drain, &runner))
         }
         Command::Inspect { file, json } => match frigg::inspect::inspect(&file) {
             Ok(i) => {
@@ -895,6 +907,7 @@ fn serve(
     alias: Option<String>,
     max_body: usize,
     devices: Option<String>,
+    (drain_delay, drain_timeout, metrics_auth): (f64, f64, String),
     runner: &RunnerArgs,
 ) -> Result<(), String> {
     let model = match model {
@@ -902,6 +915,7 @@ fn serve(
         None => demo_model()?,
     };
     let api_key = match (api_key, api_key_file) {
+        (Some(k), _) if k.trim().is_empty() => return Err("--api-key: the key is empty (an empty key would turn authentication off)".into()),
         (Some(k), _) => Some(k),
         (None, Some(f)) => {
             let text = std::fs::read_to_string(&f).map_err(|e| format!("--api-key-file: {e}"))?;
@@ -939,5 +953,17 @@ fn serve(
         mistral_regex: runner.tokenizer_mistral_regex,
         max_body,
         devices,
+        drain_delay: seconds(drain_delay, "--drain-delay")?,
+        drain_timeout: seconds(drain_timeout, "--drain-timeout")?,
+        metrics_auth: match metrics_auth.as_str() {
+            "key" => frigg::server::MetricsAuth::Key,
+            "open" => frigg::server::MetricsAuth::Open,
+            _ => frigg::server::MetricsAuth::Auto,
+        },
     })
+}
+
+/// A flag's seconds as a Duration; negative or not finite is an error naming the flag.
+fn seconds(s: f64, flag: &str) -> Result<std::time::Duration, String> {
+    std::time::Duration::try_from_secs_f64(s).map_err(|_| format!("{flag} {s}: not a number of seconds"))
 }

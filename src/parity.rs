@@ -14,7 +14,7 @@ pub struct Case {
     #[serde(default)]
     pub max_new: usize,
     /// "prefill" (default) or "verify": token_type_ids = prefix_len ones then zeros, and every
-    /// position's argmax is reported.
+    /// position's argmax is reported. Either mode then generates `max_new` greedy tokens.
     #[serde(default)]
     pub mode: Option<String>,
     #[serde(default)]
@@ -61,8 +61,9 @@ pub fn top_k(v: &[f32], k: usize) -> Vec<(u32, f32)> {
     idx.into_iter().map(|i| (i, v[i as usize])).collect()
 }
 
-/// Runs one case on stream 0: the first forward with the case's mask, then `max_new` greedy
-/// tokens with the KV cache (no EOS stop), as the reference's manual greedy loop.
+/// Runs one case on stream 0: the first forward with the case's mask (all rows' argmaxes in
+/// verify mode), then `max_new` greedy tokens with the KV cache (no EOS stop), as the
+/// reference's manual greedy loop.
 pub fn run_case(engine: &mut Engine, case: &Case, keep_logits: bool) -> Result<CaseResult, EngineError> {
     let verify = case.mode.as_deref() == Some("verify");
     let types: Option<Vec<i32>> = match (verify, case.prefix_len, &case.token_type_ids) {
@@ -74,7 +75,7 @@ pub fn run_case(engine: &mut Engine, case: &Case, keep_logits: bool) -> Result<C
     let last = logits.last().expect("at least one row").clone();
     let all_argmax = verify.then(|| logits.iter().map(|r| argmax(r)).collect());
     let mut greedy = vec![];
-    if !verify && case.max_new > 0 {
+    if case.max_new > 0 {
         let mut next = argmax(&last);
         greedy.push(next);
         while greedy.len() < case.max_new {

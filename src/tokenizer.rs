@@ -34,6 +34,10 @@ pub struct Tokenizer {
     pub mistral_regex: bool,
     /// Every token as bytes (or special), built on first use by constrained decoding.
     pieces: std::sync::OnceLock<Vec<crate::constrain::Piece>>,
+    /// The text of every special token (what `encode` turns into a control token).
+    special_texts: Vec<String>,
+    /// A copy that reads special-token text as plain text, built on first use.
+    as_text: std::sync::OnceLock<tokenizers::Tokenizer>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -74,7 +78,9 @@ impl Tokenizer {
     pub fn from_json(json: &str, bos: Option<u32>, eos: Vec<u32>, add_bos: bool, mistral_regex: bool) -> Result<Tokenizer, TokenizerError> {
         let text = if mistral_regex { patch_mistral_regex(json)? } else { json.to_string() };
         let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes()).map_err(|e| TokenizerError::Load(e.to_string()))?;
-        let t = Tokenizer { inner, bos, eos, add_bos, mistral_regex, pieces: Default::default() };
+        let mut special_texts: Vec<String> = inner.get_added_tokens_decoder().values().filter(|t| t.special).map(|t| t.content.clone()).collect();
+        special_texts.sort();
+        let t = Tokenizer { inner, bos, eos, add_bos, mistral_regex, pieces: Default::default(), special_texts, as_text: Default::default() };
         t.probe()?;
         Ok(t)
     }
@@ -116,6 +122,22 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Encodes `text` with special-token text read as plain text (client content in chats).
+    pub fn encode_as_text(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let t = self.as_text.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let enc = t.encode_fast(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The text of every special (control) token, sorted.
+    pub fn special_texts(&self) -> &[String] {
+        &self.special_texts
+    }
+
     /// Encodes raw text as a plain completion prompt: `<bos>` first when the tokenizer adds it.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
@@ -138,7 +160,7 @@ impl Tokenizer {
 
     /// A byte-fallback token (`<0x41>`): one byte of a character the vocabulary lacks.
     pub fn is_byte_token(&self, id: u32) -> bool {
-        self.inner.id_to_token(id).is_some_and(|t| t.len() == 6 && t.starts_with("<0x") && t.ends_with('>'))
+        self.inner.id_to_token(id).is_some_and(|t| byte_of(&t).is_some())
     }
 
     /// The id of a token given its text (`<|tool_call>`).
@@ -146,25 +168,24 @@ impl Tokenizer {
         self.inner.token_to_id(text)
     }
 
-    /// Each token's bytes as it appears in decoded text: byte-fallback tokens `<0xAB>` as
-    /// their byte, special tokens as `Special`.
+    /// One token's own bytes: a byte-fallback token `<0xAB>` is the byte 0xAB (a piece of a
+    /// character), any other token the UTF-8 of its decoded text (a special token its text).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let text = self.inner.id_to_token(id).unwrap_or_default();
+        if let Some(b) = byte_of(&text) {
+            return vec![b];
+        }
+        self.decode(&[id], false).unwrap_or_default().into_bytes()
+    }
+
+    /// Each token's bytes as it appears in decoded text (`token_bytes`), special tokens as
+    /// `Special`.
     pub fn pieces(&self) -> &[crate::constrain::Piece] {
         use crate::constrain::Piece;
         self.pieces.get_or_init(|| {
             let added = self.inner.get_added_tokens_decoder();
             (0..self.vocab_size() as u32)
-                .map(|id| {
-                    if added.get(&id).is_some_and(|t| t.special) {
-                        return Piece::Special;
-                    }
-                    let text = self.inner.id_to_token(id).unwrap_or_default();
-                    if let Some(hex) = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
-                        if let Ok(b) = u8::from_str_radix(hex, 16) {
-                            return Piece::Bytes(vec![b]);
-                        }
-                    }
-                    Piece::Bytes(self.decode(&[id], false).unwrap_or_default().into_bytes())
-                })
+                .map(|id| if added.get(&id).is_some_and(|t| t.special) { Piece::Special } else { Piece::Bytes(self.token_bytes(id)) })
                 .collect()
         })
     }
@@ -176,6 +197,15 @@ impl Tokenizer {
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos.contains(&id)
     }
+}
+
+/// The byte a byte-fallback token's text (`<0xAB>`) stands for.
+fn byte_of(token: &str) -> Option<u8> {
+    let hex = token.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
 }
 
 /// Puts transformers' corrected Split in front of the file's pre-tokenizer (what 5.23 does when

@@ -32,6 +32,7 @@ fn f32_tier_matches_transformers_on_every_fixture() {
         let mut worst = 0f32;
         for (case, golden) in load_cases(fixture) {
             let r = run_case(&mut engine, &case, true).unwrap();
+            assert_eq!(r.greedy.len(), case.max_new, "{fixture} {}: every mode generates max_new tokens", case.id);
             let c = compare(&r, &golden, EPS);
             worst = worst.max(c.max_abs_diff);
             assert!(c.max_abs_diff <= F32_TOL, "{fixture} {}: max |Δlogit| {} > {F32_TOL}", c.id, c.max_abs_diff);

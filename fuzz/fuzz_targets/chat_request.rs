@@ -1,6 +1,6 @@
 //! Arbitrary bytes as a chat request body: parse and validate as the server does, then render
-//! the messages (and tools) through frigg's chat template and tokenize. Must return errors,
-//! never crash.
+//! the messages (and tools) through frigg's chat template and tokenize them as the server does
+//! (client text spelling special tokens escaped). Must return errors, never crash.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
@@ -19,12 +19,9 @@ fn tools() -> &'static (frigg::chat::ChatTemplate, frigg::tokenizer::Tokenizer) 
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(serde_json::Value::Object(body)) = serde_json::from_slice::<serde_json::Value>(data) else { return };
     let (tmpl, tok) = tools();
-    if let Ok(p) = frigg::server::api::parse(&body, frigg::server::api::Kind::Chat, 1280) {
+    if let Ok(p) = frigg::server::api::parse(data, frigg::server::api::Kind::Chat, 1280) {
         let tools = (!p.tools.is_empty()).then_some(p.tools.as_slice());
-        if let Ok(text) = tmpl.render(p.messages.as_deref().unwrap_or_default(), tools, true) {
-            let _ = tok.encode(&text);
-        }
+        let _ = tmpl.encode(tok, p.messages.as_deref().unwrap_or_default(), tools, true);
     }
 });

@@ -1,22 +1,43 @@
 //! `frigg serve`: an OpenAI-compatible HTTP endpoint (actix-web) in front of one engine thread
-//! that batches every active request into each decode step.
+//! per replica that batches every active request into each decode step.
+//!
+//! Every answer that is not a success has OpenAI's error shape, 404 and 405 included. A
+//! client that leaves frees its slots within a step, streamed or not. SIGTERM: `/health`
+//! turns 503 at once, requests are still served for `--drain-delay`, then no new ones are
+//! accepted and those in flight finish; any still running after `--drain-timeout` end with an
+//! explicit error and the process exits non-zero.
 
 pub mod api;
+pub mod metrics;
 pub mod scheduler;
 
 use crate::chat::ChatTemplate;
 use crate::engine::{Engine, EngineOptions};
 use crate::generate::Finish;
 use crate::tokenizer::Tokenizer;
-use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::{ConnectionType, Method, StatusCode, Version};
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use api::{ApiError, Kind};
+use futures_util::StreamExt;
+use metrics::HttpMetrics;
 use scheduler::{Event, Job, Stats};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Who may read `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsAuth {
+    /// Open when listening on loopback, the API key elsewhere.
+    Auto,
+    /// Always the API key (when one is set).
+    Key,
+    /// Never the key (an in-cluster Prometheus scraping a pod).
+    Open,
+}
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -35,65 +56,86 @@ pub struct ServeOptions {
     /// One engine replica per entry (None: CPU, Some(i): GPU i), least-loaded routing.
     /// Empty: one replica on `engine`'s device.
     pub devices: Vec<Option<usize>>,
+    /// After SIGTERM, how long requests are still accepted while `/health` says 503.
+    pub drain_delay: Duration,
+    /// After that, how long requests in flight may run before they are ended with an error.
+    pub drain_timeout: Duration,
+    pub metrics_auth: MetricsAuth,
 }
 
-/// Fixed-bucket histogram for Prometheus.
-#[derive(Debug)]
-struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
-    sum_micros: AtomicU64,
-    total: AtomicU64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(), sum_micros: AtomicU64::new(0), total: AtomicU64::new(0) }
-    }
-
-    fn observe(&self, secs: f64) {
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            if secs <= *b {
-                c.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.sum_micros.fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
-        self.total.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn render(&self, name: &str, help: &str, out: &mut String) {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            out.push_str(&format!("{name}_bucket{{le=\"{b}\"}} {}\n", c.load(Ordering::Relaxed)));
-        }
-        let total = self.total.load(Ordering::Relaxed);
-        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {total}\n"));
-        out.push_str(&format!("{name}_sum {}\n{name}_count {total}\n", self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6));
-    }
-}
-
-/// Longest silence on an SSE stream before a keep-alive comment (see the streaming loop).
+/// Longest silence on an SSE stream before a keep-alive comment (see the streaming loop);
+/// also how often a waiting non-streamed request looks at its client's socket.
 const KEEP_ALIVE: Duration = Duration::from_millis(250);
 
-const LATENCY_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+/// A request body that sends no byte for this long is answered 408.
+pub const BODY_STALL: Duration = Duration::from_secs(10);
 
 struct State {
     tok: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
-    /// One job queue per engine replica; None once draining.
+    /// One job queue per engine replica; None once the server stops.
     jobs: Mutex<Option<Vec<crossbeam_channel::Sender<Job>>>>,
     replicas: Vec<Arc<Stats>>,
-    draining: std::sync::atomic::AtomicBool,
+    /// SIGTERM arrived: `/health` is 503 (requests are still served during the drain delay).
+    draining: AtomicBool,
+    /// The drain delay is over: new requests get 503.
+    closed: AtomicBool,
+    /// The drain timeout passed: requests still in flight end now with an error.
+    cut: AtomicBool,
+    /// Completion requests between their parse and their last byte (or their client leaving).
+    in_flight: AtomicUsize,
     model_id: String,
     n_ctx: usize,
     n_vocab: usize,
     slots: usize,
     queue: usize,
+    max_body: usize,
     api_key: Option<String>,
-    requests: Mutex<std::collections::BTreeMap<u16, u64>>,
-    ttft: Histogram,
-    per_token: Histogram,
+    metrics_need_key: bool,
+    http: HttpMetrics,
     next_id: AtomicU64,
+}
+
+/// Counts a completion request as in flight while it lives.
+struct InFlight(web::Data<State>);
+
+impl InFlight {
+    fn new(st: &web::Data<State>) -> Self {
+        st.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(st.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A duplicate of a connection's socket, to see whether the client has gone while its
+/// non-streamed request waits (actix-web runs a pending handler to its end regardless).
+#[derive(Clone)]
+struct Peer(Arc<std::net::TcpStream>);
+
+impl Peer {
+    fn attach(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+        use std::os::fd::AsFd;
+        if let Some(sock) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+            if let Ok(fd) = sock.as_fd().try_clone_to_owned() {
+                ext.insert(Peer(Arc::new(std::net::TcpStream::from(fd))));
+            }
+        }
+    }
+
+    /// The client closed its end (an orderly EOF or a reset). The socket is non-blocking
+    /// (tokio's), so a live connection answers WouldBlock.
+    fn closed(&self) -> bool {
+        match self.0.peek(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::Interrupted,
+        }
+    }
 }
 
 /// Constant-time comparison, so response timing does not reveal how much of a key matched.
@@ -105,25 +147,65 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn error_response(st: &State, e: &ApiError) -> HttpResponse {
-    count(st, e.status);
+    st.http.count(e.status);
     let mut r = HttpResponse::build(StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST));
-    if e.status == 429 {
+    if e.status == 429 || e.status == 503 {
         r.insert_header(("Retry-After", "1"));
     }
     r.json(e.body())
 }
 
-fn count(st: &State, status: u16) {
-    *st.requests.lock().expect("metrics lock").entry(status).or_default() += 1;
-}
-
+/// `Authorization: Bearer KEY`, the scheme in any case.
 fn authorized(st: &State, req: &HttpRequest) -> Result<(), ApiError> {
     let Some(key) = &st.api_key else { return Ok(()) };
-    let given = req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, k)| k.trim());
     if ct_eq(given.as_bytes(), key.as_bytes()) {
         Ok(())
     } else {
         Err(ApiError { status: 401, kind: "authentication_error", message: "invalid or missing API key".into(), param: None, code: Some("invalid_api_key") })
+    }
+}
+
+/// The request body, at most `max_body` bytes (413) and never stalled for `BODY_STALL` (408).
+async fn read_body(st: &State, req: &HttpRequest, mut payload: web::Payload) -> Result<web::Bytes, ApiError> {
+    let too_large = || ApiError {
+        status: 413,
+        kind: "invalid_request_error",
+        message: format!("the request body is larger than this server's limit of {} bytes", st.max_body),
+        param: None,
+        code: Some("request_too_large"),
+    };
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > st.max_body as u64) {
+        return Err(too_large());
+    }
+    let mut body = web::BytesMut::new();
+    loop {
+        match tokio::time::timeout(BODY_STALL, payload.next()).await {
+            Err(_) => {
+                return Err(ApiError {
+                    status: 408,
+                    kind: "invalid_request_error",
+                    message: format!("the request body stalled: no byte arrived for {} s", BODY_STALL.as_secs()),
+                    param: None,
+                    code: Some("request_timeout"),
+                })
+            }
+            Ok(None) => return Ok(body.freeze()),
+            Ok(Some(Err(e))) => return Err(ApiError::invalid(format!("reading the request body failed: {e}"), None)),
+            Ok(Some(Ok(chunk))) => {
+                if body.len() + chunk.len() > st.max_body {
+                    return Err(too_large());
+                }
+                body.extend_from_slice(&chunk);
+            }
+        }
     }
 }
 
@@ -146,122 +228,130 @@ async fn models(st: web::Data<State>, req: HttpRequest) -> HttpResponse {
     HttpResponse::Ok().json(json!({"object": "list", "data": [{"id": st.model_id, "object": "model", "created": 0, "owned_by": "frigg"}]}))
 }
 
-async fn metrics(st: web::Data<State>) -> HttpResponse {
-    let mut out = String::new();
-    out.push_str("# HELP frigg_requests_total HTTP requests by status.\n# TYPE frigg_requests_total counter\n");
-    for (status, n) in st.requests.lock().expect("metrics lock").iter() {
-        out.push_str(&format!("frigg_requests_total{{status=\"{status}\"}} {n}\n"));
+async fn metrics(st: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    if st.metrics_need_key {
+        if let Err(e) = authorized(&st, &req) {
+            return error_response(&st, &e);
+        }
     }
-    let sum = |f: fn(&Stats) -> usize| st.replicas.iter().map(|r| f(r)).sum::<usize>();
-    for (name, help, ty, v) in [
-        ("frigg_prompt_tokens_total", "Prompt tokens prefilled.", "counter", sum(|r| r.prompt_tokens.load(Ordering::Relaxed))),
-        ("frigg_generated_tokens_total", "Tokens generated.", "counter", sum(|r| r.generated_tokens.load(Ordering::Relaxed))),
-        ("frigg_queue_depth", "Requests waiting for a slot.", "gauge", sum(|r| r.queued.load(Ordering::Relaxed))),
-        ("frigg_busy_slots", "Sequences decoding.", "gauge", sum(|r| r.busy_slots.load(Ordering::Relaxed))),
-        ("frigg_slots", "Sequences decoded together at most (all replicas).", "gauge", st.slots * st.replicas.len()),
-        ("frigg_replicas", "Engine replicas behind this endpoint.", "gauge", st.replicas.len()),
-        ("frigg_decode_steps_total", "Decode steps (one batched forward each).", "counter", sum(|r| r.decode_steps.load(Ordering::Relaxed))),
-        ("frigg_decode_rows_total", "Sequences carried by decode steps (rows / steps = mean batch).", "counter", sum(|r| r.decode_rows.load(Ordering::Relaxed))),
-        ("frigg_decode_padding_rows_total", "Rows decode steps computed for free streams below a live one (logits dropped).", "counter", sum(|r| r.decode_padding_rows.load(Ordering::Relaxed))),
-    ] {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}\n"));
-    }
-    let seconds = |f: fn(&Stats) -> u64| st.replicas.iter().map(|r| f(r)).sum::<u64>() as f64 / 1e6;
-    for (name, help, v) in [
-        ("frigg_prefill_seconds_total", "Engine time in prompt prefills.", seconds(|r| r.prefill_us.load(Ordering::Relaxed))),
-        ("frigg_decode_seconds_total", "Engine time in decode steps.", seconds(|r| r.decode_us.load(Ordering::Relaxed))),
-    ] {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v:.6}\n"));
-    }
-    out.push_str("# HELP frigg_replica_requests_total Requests routed to each replica.\n# TYPE frigg_replica_requests_total counter\n");
-    for (i, r) in st.replicas.iter().enumerate() {
-        out.push_str(&format!("frigg_replica_requests_total{{replica=\"{i}\"}} {}\n", r.routed.load(Ordering::Relaxed)));
-    }
-    st.ttft.render("frigg_time_to_first_token_seconds", "Enqueue to first token.", &mut out);
-    st.per_token.render("frigg_time_per_output_token_seconds", "Mean time per generated token after the first, per request.", &mut out);
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(out)
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(st.http.render(&st.replicas, st.slots))
 }
 
-async fn tokenize(st: web::Data<State>, req: HttpRequest, body: web::Json<Value>) -> HttpResponse {
-    if let Err(e) = authorized(&st, &req) {
-        return error_response(&st, &e);
-    }
-    let Some(text) = body.get("content").or_else(|| body.get("prompt")).and_then(Value::as_str) else {
-        return error_response(&st, &ApiError::invalid("`content` (a string) is required", Some("content")));
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenizeRequest {
+    model: Option<String>,
+    content: Option<String>,
+    prompt: Option<String>,
+    /// Add the tokenizer's BOS as a completion prompt does.
+    add_special: Option<bool>,
+}
+
+async fn tokenize(st: web::Data<State>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
+    let r = async {
+        authorized(&st, &req)?;
+        let body = read_body(&st, &req, payload).await?;
+        let t: TokenizeRequest = api::decode(&body)?;
+        let _ = &t.model;
+        let text = match (t.content, t.prompt) {
+            (Some(_), Some(_)) => return Err(ApiError::invalid("give `content` or `prompt`, not both", Some("prompt"))),
+            (Some(s), None) | (None, Some(s)) => s,
+            (None, None) => return Err(ApiError::invalid("`content` (a string) is required", Some("content"))),
+        };
+        let ids = if t.add_special.unwrap_or(false) { st.tok.encode_prompt(&text) } else { st.tok.encode(&text) };
+        ids.map_err(|e| ApiError::invalid(e.to_string(), Some("content")))
     };
-    let add_special = body.get("add_special").and_then(Value::as_bool).unwrap_or(false);
-    let ids = if add_special { st.tok.encode_prompt(text) } else { st.tok.encode(text) };
-    match ids {
+    match r.await {
         Ok(ids) => HttpResponse::Ok().json(json!({"tokens": ids})),
-        Err(e) => error_response(&st, &ApiError::invalid(e.to_string(), Some("content"))),
+        Err(e) => error_response(&st, &e),
     }
 }
 
-async fn detokenize(st: web::Data<State>, req: HttpRequest, body: web::Json<Value>) -> HttpResponse {
-    if let Err(e) = authorized(&st, &req) {
-        return error_response(&st, &e);
-    }
-    let ids: Option<Vec<u32>> = body.get("tokens").and_then(Value::as_array).map(|a| a.iter().filter_map(|x| x.as_u64().map(|v| v as u32)).collect());
-    match ids {
-        Some(ids) if ids.iter().all(|&t| (t as usize) < st.n_vocab) => match st.tok.decode(&ids, false) {
-            Ok(text) => HttpResponse::Ok().json(json!({"content": text})),
-            Err(e) => error_response(&st, &ApiError::invalid(e.to_string(), Some("tokens"))),
-        },
-        _ => error_response(&st, &ApiError::invalid("`tokens` must be a list of token ids in the vocabulary", Some("tokens"))),
-    }
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DetokenizeRequest {
+    model: Option<String>,
+    tokens: Vec<Value>,
 }
 
-async fn chat(st: web::Data<State>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
-    complete(st, req, body, Kind::Chat).await
-}
-
-async fn completions(st: web::Data<State>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
-    complete(st, req, body, Kind::Completion).await
-}
-
-/// Validates, tokenizes and enqueues; answers with SSE or one JSON body.
-async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind: Kind) -> HttpResponse {
-    if let Err(e) = authorized(&st, &req) {
-        return error_response(&st, &e);
-    }
-    if st.draining.load(Ordering::SeqCst) {
-        return error_response(&st, &ApiError { status: 503, kind: "server_error", message: "the server is shutting down".into(), param: None, code: None });
-    }
-    let chat = matches!(kind, Kind::Chat);
-    let obj = match serde_json::from_slice::<Value>(&body) {
-        Ok(Value::Object(o)) => o,
-        Ok(_) => return error_response(&st, &ApiError::invalid("the request body must be a JSON object", None)),
-        Err(e) => return error_response(&st, &ApiError::invalid(format!("malformed JSON: {e}"), None)),
+async fn detokenize(st: web::Data<State>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
+    let r = async {
+        authorized(&st, &req)?;
+        let body = read_body(&st, &req, payload).await?;
+        let d: DetokenizeRequest = api::decode(&body)?;
+        let _ = &d.model;
+        let ids = api::token_ids(&d.tokens, st.n_vocab, "tokens")?;
+        st.tok.decode(&ids, false).map_err(|e| ApiError::invalid(e.to_string(), Some("tokens")))
     };
-    let p = match api::parse(&obj, kind, st.n_vocab) {
-        Ok(p) => p,
-        Err(e) => return error_response(&st, &e),
-    };
+    match r.await {
+        Ok(text) => HttpResponse::Ok().json(json!({"content": text})),
+        Err(e) => error_response(&st, &e),
+    }
+}
+
+async fn not_found(st: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    let e = ApiError { status: 404, kind: "invalid_request_error", message: format!("no route {} {}", req.method(), req.path()), param: None, code: Some("not_found") };
+    error_response(&st, &e)
+}
+
+/// 405 for a known path asked with another method; `allow` is the method it takes.
+fn method_not_allowed(st: &State, req: &HttpRequest, allow: &'static str) -> HttpResponse {
+    let e = ApiError { status: 405, kind: "invalid_request_error", message: format!("{} takes {allow}, not {}", req.path(), req.method()), param: None, code: Some("method_not_allowed") };
+    let mut r = error_response(st, &e);
+    r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+async fn get_only(st: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    method_not_allowed(&st, &req, "GET")
+}
+
+async fn post_only(st: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    method_not_allowed(&st, &req, "POST")
+}
+
+async fn chat(st: web::Data<State>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
+    complete(st, req, payload, Kind::Chat).await
+}
+
+async fn completions(st: web::Data<State>, req: HttpRequest, payload: web::Payload) -> HttpResponse {
+    complete(st, req, payload, Kind::Completion).await
+}
+
+/// A request on its way to the engine.
+struct Prepared {
+    p: api::Parsed,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    grammar: Option<scheduler::GrammarSpec>,
+}
+
+/// Validates, tokenizes and checks a completion request against the context and the slots.
+async fn prepare(st: &State, req: &HttpRequest, payload: web::Payload, kind: Kind) -> Result<Prepared, ApiError> {
+    authorized(st, req)?;
+    if st.closed.load(Ordering::SeqCst) {
+        return Err(ApiError::server(503, "the server is shutting down"));
+    }
+    let body = read_body(st, req, payload).await?;
+    let p = api::parse(&body, kind, st.n_vocab)?;
+    let prompt_param = if kind == Kind::Chat { "messages" } else { "prompt" };
     let prompt = match (&p.messages, &p.prompt_text, &p.prompt_ids) {
         (Some(msgs), _, _) => {
-            let Some(t) = &st.template else {
-                return error_response(&st, &ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages")));
-            };
+            let t = st.template.as_ref().ok_or_else(|| ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages")))?;
             let tools = (p.tool_choice != api::ToolChoiceParam::None).then_some(p.tools.as_slice());
-            match t.render(msgs, tools, true).map_err(|e| e.to_string()).and_then(|text| st.tok.encode(&text).map_err(|e| e.to_string())) {
-                Ok(ids) => ids,
-                Err(e) => return error_response(&st, &ApiError::invalid(e, Some("messages"))),
-            }
+            t.encode(&st.tok, msgs, tools, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?
         }
-        (_, Some(text), _) => match st.tok.encode_prompt(text) {
-            Ok(ids) => ids,
-            Err(e) => return error_response(&st, &ApiError::invalid(e.to_string(), Some("prompt"))),
-        },
+        (_, Some(text), _) => st.tok.encode_prompt(text).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         (_, _, Some(ids)) => ids.clone(),
         _ => unreachable!("parse requires a prompt"),
     };
     if prompt.is_empty() {
-        return error_response(&st, &ApiError::invalid("the prompt is empty", Some(if chat { "messages" } else { "prompt" })));
+        return Err(ApiError::invalid("the prompt is empty", Some(prompt_param)));
     }
     let room = st.n_ctx.saturating_sub(prompt.len());
     let max_tokens = p.max_tokens.unwrap_or(room);
-    if prompt.len() + max_tokens > st.n_ctx || room == 0 {
-        let e = ApiError {
+    if room == 0 || prompt.len().checked_add(max_tokens).is_none_or(|total| total > st.n_ctx) {
+        return Err(ApiError {
             status: 400,
             kind: "invalid_request_error",
             message: format!(
@@ -269,35 +359,74 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
                 st.n_ctx,
                 prompt.len(),
                 max_tokens,
-                prompt.len() + max_tokens
+                prompt.len() as u128 + max_tokens as u128
             ),
             param: Some("max_tokens".into()),
             code: Some("context_length_exceeded"),
-        };
-        return error_response(&st, &e);
+        });
     }
     if p.n > st.slots {
-        return error_response(&st, &ApiError::invalid(format!("`n` = {} exceeds the server's {} slots", p.n, st.slots), Some("n")));
+        return Err(ApiError::invalid(format!("`n` = {} exceeds the server's {} slots", p.n, st.slots), Some("n")));
     }
-    let grammar = if p.json_object {
-        Some(scheduler::GrammarSpec::JsonObject)
-    } else if p.tool_choice != api::ToolChoiceParam::None {
-        let id = |t: &str| st.tok.token_id(t);
-        let Some(ids) = (|| Some(crate::constrain::ToolTokens { call_open: id("<|tool_call>")?, call_close: id("<tool_call|>")?, response_open: id("<|tool_response>")?, quote: id("<|\"|>")? }))() else {
-            return error_response(&st, &ApiError::unsupported("tools", "this model's vocabulary lacks Gemma-4's tool-call tokens"));
-        };
-        let choice = match &p.tool_choice {
-            api::ToolChoiceParam::Required => crate::constrain::ToolChoice::Required,
-            api::ToolChoiceParam::Named(n) => crate::constrain::ToolChoice::Named(n.clone()),
-            _ => crate::constrain::ToolChoice::Auto,
-        };
-        let names = p.tools.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_string)).collect();
-        Some(scheduler::GrammarSpec::Tools { ids, names, choice, parallel: p.parallel_tool_calls })
-    } else {
-        None
+    let grammar = grammar_spec(st, &p)?;
+    if let Some(g) = &grammar {
+        let (need, what) = g.min_tokens();
+        if max_tokens < need {
+            return Err(ApiError::invalid(format!("{what} needs max_tokens of at least {need} (the shortest reply that satisfies it, one token per byte at worst); max_tokens is {max_tokens}"), Some("max_tokens")));
+        }
+    }
+    Ok(Prepared { p, prompt, max_tokens, grammar })
+}
+
+fn grammar_spec(st: &State, p: &api::Parsed) -> Result<Option<scheduler::GrammarSpec>, ApiError> {
+    if p.json_object {
+        return Ok(Some(scheduler::GrammarSpec::JsonObject));
+    }
+    if p.tool_choice == api::ToolChoiceParam::None {
+        return Ok(None);
+    }
+    let id = |t: &str| st.tok.token_id(t);
+    let ids = (|| Some(crate::constrain::ToolTokens { call_open: id("<|tool_call>")?, call_close: id("<tool_call|>")?, response_open: id("<|tool_response>")?, quote: id("<|\"|>")? }))()
+        .ok_or_else(|| ApiError::unsupported("tools", "this model's vocabulary lacks Gemma-4's tool-call tokens"))?;
+    let choice = match &p.tool_choice {
+        api::ToolChoiceParam::Required => crate::constrain::ToolChoice::Required,
+        api::ToolChoiceParam::Named(n) => crate::constrain::ToolChoice::Named(n.clone()),
+        _ => crate::constrain::ToolChoice::Auto,
     };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, st.next_id.fetch_add(1, Ordering::Relaxed));
+    let names = p.tools.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_string)).collect();
+    Ok(Some(scheduler::GrammarSpec::Tools { ids, names, choice, parallel: p.parallel_tool_calls }))
+}
+
+/// Routes a job to the replica with the fewest busy slots plus waiting requests. The waiting
+/// room per replica is the queue plus the slots free right now; beyond it, 429.
+fn enqueue(st: &State, job: Job) -> Result<(), ApiError> {
+    let guard = st.jobs.lock().expect("jobs lock");
+    let Some(senders) = guard.as_ref() else { return Err(ApiError::server(503, "the server is shutting down")) };
+    let load = |r: &Stats| r.busy_slots.load(Ordering::SeqCst) + r.queued.load(Ordering::SeqCst);
+    let (i, r) = st.replicas.iter().enumerate().min_by_key(|(_, r)| load(r)).expect("at least one replica");
+    if r.queued.load(Ordering::SeqCst) >= st.queue + st.slots.saturating_sub(r.busy_slots.load(Ordering::SeqCst)) {
+        return Err(ApiError {
+            status: 429,
+            kind: "rate_limit_error",
+            message: format!("all {} slots are busy and {} requests are waiting; retry shortly", st.slots, st.queue),
+            param: None,
+            code: Some("queue_full"),
+        });
+    }
+    r.queued.fetch_add(1, Ordering::SeqCst);
+    r.routed.fetch_add(1, Ordering::Relaxed);
+    senders[i].send(job).map_err(|_| ApiError::server(503, "the server is shutting down"))
+}
+
+/// Validates, tokenizes and enqueues; answers with SSE or one JSON body.
+async fn complete(st: web::Data<State>, req: HttpRequest, payload: web::Payload, kind: Kind) -> HttpResponse {
+    let in_flight = InFlight::new(&st);
+    let Prepared { p, prompt, max_tokens, grammar } = match prepare(&st, &req, payload, kind).await {
+        Ok(x) => x,
+        Err(e) => return error_response(&st, &e),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, st.next_id.fetch_add(1, Ordering::Relaxed));
     let prompt_tokens = prompt.len();
     let job = Job {
         id: id.clone(),
@@ -312,147 +441,236 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
         events: tx,
         enqueued: Instant::now(),
     };
-    // The queue holds at most --queue waiting requests (per replica); beyond that, 429.
-    // Routing: the replica with the fewest busy slots plus waiting requests.
-    let sent = {
-        let guard = st.jobs.lock().expect("jobs lock");
-        match guard.as_ref() {
-            None => Err(503),
-            Some(senders) => {
-                let load = |r: &Stats| r.busy_slots.load(Ordering::SeqCst) + r.queued.load(Ordering::SeqCst);
-                let (i, r) = st.replicas.iter().enumerate().min_by_key(|(_, r)| load(r)).expect("at least one replica");
-                // Waiting room: the queue plus the slots that are free right now.
-                if r.queued.load(Ordering::SeqCst) >= st.queue + st.slots.saturating_sub(r.busy_slots.load(Ordering::SeqCst)) {
-                    Err(429)
-                } else {
-                    r.queued.fetch_add(1, Ordering::SeqCst);
-                    r.routed.fetch_add(1, Ordering::Relaxed);
-                    senders[i].send(job).map_err(|_| 503)
+    if let Err(e) = enqueue(&st, job) {
+        return error_response(&st, &e);
+    }
+    let reply = Reply { id, kind, created: now_secs(), model: st.model_id.clone(), prompt_tokens, n: p.n, logprobs: p.logprobs.is_some(), tok: st.tok.clone() };
+    if p.stream {
+        st.http.count(200);
+        let mut res = HttpResponse::Ok().content_type("text/event-stream").insert_header(("Cache-Control", "no-cache")).streaming(sse(st.clone(), rx, reply, p.include_usage, in_flight));
+        if req.version() < Version::HTTP_11 {
+            // HTTP/1.0 has no chunked encoding: the body ends when the connection closes.
+            res.head_mut().no_chunking(true);
+            res.head_mut().set_connection_type(ConnectionType::Close);
+        }
+        return res;
+    }
+    let peer = req.conn_data::<Peer>().cloned();
+    let res = collect(&st, rx, reply, peer).await;
+    drop(in_flight);
+    res
+}
+
+/// What every chunk or body of one response repeats.
+struct Reply {
+    id: String,
+    kind: Kind,
+    created: u64,
+    model: String,
+    prompt_tokens: usize,
+    n: usize,
+    logprobs: bool,
+    tok: Arc<Tokenizer>,
+}
+
+/// Per-choice logprobs in the route's shape: chat's `{"content": [...]}`, or the legacy
+/// completions object (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`) whose
+/// offsets count characters of the choice's text.
+struct Logprobs {
+    kind: Kind,
+    tok: Arc<Tokenizer>,
+    /// Each choice's token bytes so far (for `text_offset`).
+    bytes: Vec<Vec<u8>>,
+}
+
+impl Logprobs {
+    fn new(r: &Reply) -> Self {
+        Logprobs { kind: r.kind, tok: r.tok.clone(), bytes: vec![vec![]; r.n] }
+    }
+
+    fn text(&self, id: u32) -> String {
+        self.tok.decode(&[id], false).unwrap_or_default()
+    }
+
+    fn json(&mut self, choice: usize, tokens: &[scheduler::TokenLogprob]) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let entry = |id: u32, lp: f32| json!({"token": self.text(id), "logprob": lp, "bytes": self.tok.token_bytes(id)});
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        let mut e = entry(t.token, t.logprob);
+                        e["top_logprobs"] = t.top.iter().map(|&(i, l)| entry(i, l)).collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+            Kind::Completion => {
+                let mut offsets = Vec::with_capacity(tokens.len());
+                for t in tokens {
+                    let done = &self.bytes[choice];
+                    let valid = match std::str::from_utf8(done) {
+                        Ok(s) => s,
+                        Err(e) => std::str::from_utf8(&done[..e.valid_up_to()]).unwrap_or_default(),
+                    };
+                    offsets.push(valid.chars().count());
+                    let b = self.tok.token_bytes(t.token);
+                    self.bytes[choice].extend_from_slice(&b);
                 }
+                let top: Vec<Value> = tokens.iter().map(|t| Value::Object(t.top.iter().map(|&(i, l)| (self.text(i), json!(l))).collect())).collect();
+                json!({
+                    "tokens": tokens.iter().map(|t| self.text(t.token)).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": top,
+                    "text_offset": offsets,
+                })
             }
         }
-    };
-    match sent {
-        Ok(()) => {}
-        Err(429) => {
-            let e = ApiError { status: 429, kind: "rate_limit_error", message: format!("all {} slots are busy and {} requests are waiting; retry shortly", st.slots, st.queue), param: None, code: Some("queue_full") };
-            return error_response(&st, &e);
-        }
-        Err(_) => return error_response(&st, &ApiError { status: 503, kind: "server_error", message: "the server is shutting down".into(), param: None, code: None }),
     }
-    let created = now_secs();
-    let model = st.model_id.clone();
-    let enqueued = Instant::now();
-    let tok = st.tok.clone();
-    let logprob_json = move |t: &scheduler::TokenLogprob| -> Value {
-        let piece = |id: u32| tok.decode(&[id], false).unwrap_or_default();
-        let entry = |id: u32, lp: f32| json!({"token": piece(id), "logprob": lp, "bytes": piece(id).into_bytes()});
-        let mut e = entry(t.token, t.logprob);
-        e["top_logprobs"] = Value::Array(t.top.iter().map(|&(i, l)| entry(i, l)).collect());
-        e
-    };
+}
 
-    if p.stream {
-        count(&st, 200);
-        let st2 = st.clone();
-        let stream = async_stream::stream! {
-            let mut first = true;
-            let mut done = 0;
-            let mut completion_tokens = 0;
-            loop {
-                // An SSE comment whenever nothing was sent for a while (a long prefill, a long
-                // wait in the queue): a client that left is noticed only when a write fails,
-                // and that drops this stream, which cancels the request — mid-prefill too.
-                let ev = match tokio::time::timeout(KEEP_ALIVE, rx.recv()).await {
-                    Ok(Some(ev)) => ev,
-                    Ok(None) => break,
-                    Err(_) => {
-                        yield Ok(web::Bytes::from_static(b": keep-alive\n\n"));
-                        continue;
+fn finish_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+        Finish::ToolCalls => "tool_calls",
+    }
+}
+
+fn error_event(message: &str) -> web::Bytes {
+    let e = json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}});
+    web::Bytes::from(format!("data: {e}\n\n"))
+}
+
+const SHUTDOWN_CUT: &str = "the server is shutting down and its drain timeout ended this request";
+
+/// The SSE body: one chunk per event, keep-alive comments during silences, exactly one error
+/// event when the request fails, usage when asked, then `[DONE]`.
+fn sse(st: web::Data<State>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, r: Reply, include_usage: bool, in_flight: InFlight) -> impl futures_util::Stream<Item = Result<web::Bytes, actix_web::Error>> {
+    async_stream::stream! {
+        let _in_flight = in_flight;
+        let enqueued = Instant::now();
+        let chat = r.kind == Kind::Chat;
+        let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+        let chunk = |choice: Value| json!({"id": r.id, "object": object, "created": r.created, "model": r.model, "choices": [choice]});
+        let mut logprobs = Logprobs::new(&r);
+        let mut first = true;
+        let mut done = 0;
+        let mut failed = false;
+        let mut completion_tokens = 0;
+        while done < r.n {
+            if st.cut.load(Ordering::SeqCst) {
+                yield Ok(error_event(SHUTDOWN_CUT));
+                failed = true;
+                break;
+            }
+            // A keep-alive comment whenever nothing was sent for a while (a long prefill, a
+            // long wait in the queue): a client that left is noticed only when a write fails,
+            // and that drops this stream, which cancels the request — mid-prefill too.
+            let ev = match tokio::time::timeout(KEEP_ALIVE, rx.recv()).await {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(_) => {
+                    yield Ok(web::Bytes::from_static(b": keep-alive\n\n"));
+                    continue;
+                }
+            };
+            if first && matches!(ev, Event::Piece { .. } | Event::ToolName { .. }) {
+                st.http.ttft.observe(enqueued.elapsed().as_secs_f64());
+                first = false;
+            }
+            let c = match ev {
+                Event::Started => continue,
+                Event::Piece { choice, text, tokens } => {
+                    let lp = (r.logprobs && !tokens.is_empty()).then(|| logprobs.json(choice, &tokens));
+                    if chat {
+                        json!({"index": choice, "delta": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": null})
+                    } else {
+                        json!({"index": choice, "text": text, "logprobs": lp, "finish_reason": null})
                     }
-                };
-                let chunk = match ev {
-                    Event::Started => continue,
-                    Event::Piece { choice, text, tokens } => {
-                        if first {
-                            st2.ttft.observe(enqueued.elapsed().as_secs_f64());
-                            first = false;
-                        }
-                        let lp = (!tokens.is_empty() && p.logprobs.is_some()).then(|| json!({"content": tokens.iter().map(&logprob_json).collect::<Vec<_>>()}));
-                        if chat {
-                            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                                   "choices": [{"index": choice, "delta": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": null}]})
-                        } else {
-                            json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                                   "choices": [{"index": choice, "text": text, "logprobs": lp, "finish_reason": null}]})
-                        }
+                }
+                Event::ToolName { choice, index, id: call_id, name } => {
+                    json!({"index": choice, "delta": {"role": "assistant", "tool_calls": [{"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]}, "logprobs": null, "finish_reason": null})
+                }
+                Event::ToolArgs { choice, index, arguments } => {
+                    json!({"index": choice, "delta": {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}, "logprobs": null, "finish_reason": null})
+                }
+                Event::Done { choice, finish, completion_tokens: n } => {
+                    done += 1;
+                    completion_tokens += n;
+                    let reason = finish_reason(finish);
+                    if chat {
+                        json!({"index": choice, "delta": {}, "logprobs": null, "finish_reason": reason})
+                    } else {
+                        json!({"index": choice, "text": "", "logprobs": null, "finish_reason": reason})
                     }
-                    Event::ToolName { choice, index, id: call_id, name } => {
-                        if first {
-                            st2.ttft.observe(enqueued.elapsed().as_secs_f64());
-                            first = false;
-                        }
-                        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                               "choices": [{"index": choice, "delta": {"role": "assistant", "tool_calls": [{"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]}, "logprobs": null, "finish_reason": null}]})
-                    }
-                    Event::ToolArgs { choice, index, arguments } => {
-                        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                               "choices": [{"index": choice, "delta": {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}, "logprobs": null, "finish_reason": null}]})
-                    }
-                    Event::Done { choice, finish, completion_tokens: n } => {
-                        done += 1;
-                        completion_tokens += n;
-                        let reason = finish_reason(finish);
-                        if chat {
-                            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                                   "choices": [{"index": choice, "delta": {}, "logprobs": null, "finish_reason": reason}]})
-                        } else {
-                            json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                                   "choices": [{"index": choice, "text": "", "logprobs": null, "finish_reason": reason}]})
-                        }
-                    }
-                    Event::Error(m) => json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}}),
-                };
-                let is_error = chunk.get("error").is_some();
-                yield Ok::<_, actix_web::Error>(web::Bytes::from(format!("data: {chunk}\n\n")));
-                if is_error || done == p.n {
+                }
+                Event::Error(m) => {
+                    yield Ok(error_event(&m));
+                    failed = true;
                     break;
                 }
-            }
-            if done < p.n {
-                let err = json!({"error": {"message": "the engine stopped before the request finished", "type": "server_error", "param": null, "code": null}});
-                yield Ok(web::Bytes::from(format!("data: {err}\n\n")));
-            }
-            if p.include_usage {
-                let usage = json!({"id": id, "object": if chat { "chat.completion.chunk" } else { "text_completion" }, "created": created, "model": model, "choices": [],
-                                   "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}});
-                yield Ok(web::Bytes::from(format!("data: {usage}\n\n")));
-            }
-            if completion_tokens > 1 {
-                st2.per_token.observe(enqueued.elapsed().as_secs_f64() / completion_tokens as f64);
-            }
-            yield Ok(web::Bytes::from_static(b"data: [DONE]\n\n"));
-        };
-        return HttpResponse::Ok().content_type("text/event-stream").insert_header(("Cache-Control", "no-cache")).streaming(stream);
+            };
+            yield Ok(web::Bytes::from(format!("data: {}\n\n", chunk(c))));
+        }
+        if !failed && done < r.n {
+            yield Ok(error_event("the engine stopped before the request finished"));
+            failed = true;
+        }
+        if include_usage && !failed {
+            let usage = json!({"id": r.id, "object": object, "created": r.created, "model": r.model, "choices": [],
+                               "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": r.prompt_tokens + completion_tokens}});
+            yield Ok(web::Bytes::from(format!("data: {usage}\n\n")));
+        }
+        if completion_tokens > 1 {
+            st.http.per_token.observe(enqueued.elapsed().as_secs_f64() / completion_tokens as f64);
+        }
+        yield Ok(web::Bytes::from_static(b"data: [DONE]\n\n"));
     }
+}
 
-    // Non-streaming: collect every choice.
-    let mut texts = vec![String::new(); p.n];
-    let mut lps: Vec<Vec<Value>> = vec![vec![]; p.n];
-    let mut finishes: Vec<Option<Finish>> = vec![None; p.n];
-    let mut calls: Vec<Vec<Value>> = vec![vec![]; p.n];
+/// A non-streamed answer: every choice collected into one body. While it waits, the client's
+/// socket is looked at every `KEEP_ALIVE`: a client that left cancels the request (dropping
+/// the receiver frees its slots at the engine's next step).
+async fn collect(st: &State, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, r: Reply, peer: Option<Peer>) -> HttpResponse {
+    let enqueued = Instant::now();
+    let mut logprobs = Logprobs::new(&r);
+    let mut texts = vec![String::new(); r.n];
+    let mut lps: Vec<Vec<Value>> = vec![vec![]; r.n];
+    let mut finishes: Vec<Option<Finish>> = vec![None; r.n];
+    let mut calls: Vec<Vec<Value>> = vec![vec![]; r.n];
     let mut completion_tokens = 0;
     let mut first = true;
-    while let Some(ev) = rx.recv().await {
+    let mut looked = Instant::now();
+    while !finishes.iter().all(Option::is_some) {
+        if st.cut.load(Ordering::SeqCst) {
+            return error_response(st, &ApiError::server(503, SHUTDOWN_CUT));
+        }
+        if looked.elapsed() >= KEEP_ALIVE {
+            looked = Instant::now();
+            if peer.as_ref().is_some_and(Peer::closed) {
+                // nginx's "client closed request": counted, never sent
+                st.http.count(499);
+                return HttpResponse::build(StatusCode::from_u16(499).expect("valid code")).finish();
+            }
+        }
+        let ev = match tokio::time::timeout(KEEP_ALIVE, rx.recv()).await {
+            Ok(Some(ev)) => ev,
+            Ok(None) => break,
+            Err(_) => continue,
+        };
+        if first && matches!(ev, Event::Piece { .. } | Event::ToolName { .. }) {
+            st.http.ttft.observe(enqueued.elapsed().as_secs_f64());
+            first = false;
+        }
         match ev {
             Event::Started => {}
             Event::Piece { choice, text, tokens } => {
-                if first {
-                    st.ttft.observe(enqueued.elapsed().as_secs_f64());
-                    first = false;
-                }
                 texts[choice].push_str(&text);
-                lps[choice].extend(tokens.iter().map(&logprob_json));
+                if r.logprobs && !tokens.is_empty() {
+                    lps[choice].push(logprobs.json(choice, &tokens));
+                }
             }
             Event::ToolName { choice, index: _, id: call_id, name } => {
                 calls[choice].push(json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}));
@@ -465,26 +683,22 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
             Event::Done { choice, finish, completion_tokens: n } => {
                 finishes[choice] = Some(finish);
                 completion_tokens += n;
-                if finishes.iter().all(Option::is_some) {
-                    break;
-                }
             }
-            Event::Error(m) => {
-                return error_response(&st, &ApiError { status: 500, kind: "server_error", message: m, param: None, code: None });
-            }
+            Event::Error(m) => return error_response(st, &ApiError::server(500, m)),
         }
     }
     if !finishes.iter().all(Option::is_some) {
-        return error_response(&st, &ApiError { status: 500, kind: "server_error", message: "the engine stopped before the request finished".into(), param: None, code: None });
+        return error_response(st, &ApiError::server(500, "the engine stopped before the request finished"));
     }
     if completion_tokens > 1 {
-        st.per_token.observe(enqueued.elapsed().as_secs_f64() / completion_tokens as f64);
+        st.http.per_token.observe(enqueued.elapsed().as_secs_f64() / completion_tokens as f64);
     }
-    count(&st, 200);
-    let choices: Vec<Value> = (0..p.n)
+    st.http.count(200);
+    let chat = r.kind == Kind::Chat;
+    let choices: Vec<Value> = (0..r.n)
         .map(|i| {
             let reason = finishes[i].map(finish_reason);
-            let lp = p.logprobs.is_some().then(|| json!({"content": lps[i]}));
+            let lp = r.logprobs.then(|| merge_logprobs(r.kind, std::mem::take(&mut lps[i])));
             if chat {
                 let mut message = json!({"role": "assistant", "content": texts[i]});
                 if !calls[i].is_empty() {
@@ -500,18 +714,24 @@ async fn complete(st: web::Data<State>, req: HttpRequest, body: web::Bytes, kind
         })
         .collect();
     HttpResponse::Ok().json(json!({
-        "id": id, "object": if chat { "chat.completion" } else { "text_completion" }, "created": created, "model": model,
+        "id": r.id, "object": if chat { "chat.completion" } else { "text_completion" }, "created": r.created, "model": r.model,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": r.prompt_tokens + completion_tokens},
     }))
 }
 
-fn finish_reason(f: Finish) -> &'static str {
-    match f {
-        Finish::Stop => "stop",
-        Finish::Length => "length",
-        Finish::ToolCalls => "tool_calls",
+/// One choice's logprobs from its pieces' objects: the lists concatenated, key by key.
+fn merge_logprobs(kind: Kind, parts: Vec<Value>) -> Value {
+    let keys: &[&str] = match kind {
+        Kind::Chat => &["content"],
+        Kind::Completion => &["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+    };
+    let mut out = serde_json::Map::new();
+    for k in keys {
+        let all: Vec<Value> = parts.iter().flat_map(|p| p[*k].as_array().cloned().unwrap_or_default()).collect();
+        out.insert(k.to_string(), Value::Array(all));
     }
+    Value::Object(out)
 }
 
 /// Memory the engine will allocate for its KV cache (checked before allocating).
@@ -520,12 +740,16 @@ pub fn kv_bytes(hp: &crate::arch::HParams, n_ctx: usize, slots: usize, kv: crate
     2 * hp.n_slots() as u64 * ((n_ctx + 1) * slots) as u64 * row
 }
 
-/// Loads the model, checks the memory budget, starts the engine thread and the HTTP server;
-/// returns when the server has shut down (SIGINT/SIGTERM) and in-flight work has finished.
+/// Loads the model, checks the memory budget, starts the engine threads and the HTTP server;
+/// returns when the server has shut down (SIGINT/SIGTERM) and in-flight work has finished, or
+/// an error when the drain timeout had to cut requests.
 pub fn serve(o: ServeOptions) -> Result<(), String> {
     let loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
     if !loopback && o.api_key.is_none() {
         return Err(format!("refusing to listen on {} without --api-key (or --api-key-file): only loopback is open without a key", o.host));
+    }
+    if o.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        return Err("--api-key: the key is empty".into());
     }
     let g = crate::ggml::gguf::GgufFile::open(&o.model).map_err(|e| e.to_string())?;
     let hp = crate::arch::HParams::from_gguf(&g).map_err(|e| e.to_string())?;
@@ -565,14 +789,7 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         }
     }
     let tok = Arc::new(Tokenizer::from_gguf(&g, o.mistral_regex).map_err(|e| e.to_string())?);
-    let template = match g.get_str(crate::arch::key::CHAT_TEMPLATE) {
-        Ok(src) => {
-            let bos = tok.bos.and_then(|b| tok.token_text(b)).unwrap_or_default();
-            let eos = tok.eos.first().and_then(|&e| tok.token_text(e)).unwrap_or_default();
-            Some(ChatTemplate::new(&src, &bos, &eos).map_err(|e| e.to_string())?)
-        }
-        Err(_) => None,
-    };
+    let template = ChatTemplate::from_gguf(&g, &tok).map_err(|e| e.to_string())?;
     drop(g);
 
     let devices: Vec<Option<Option<usize>>> = if o.devices.is_empty() { vec![None] } else { o.devices.iter().map(|d| Some(*d)).collect() };
@@ -620,74 +837,134 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         template,
         jobs: Mutex::new(Some(senders)),
         replicas,
-        draining: Default::default(),
+        draining: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
+        cut: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
         model_id: o.alias.clone().unwrap_or_else(|| o.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "frigg".into())),
         n_ctx,
         slots: o.slots,
         queue: o.queue,
+        max_body: o.max_body,
+        metrics_need_key: match o.metrics_auth {
+            MetricsAuth::Auto => !loopback,
+            MetricsAuth::Key => true,
+            MetricsAuth::Open => false,
+        },
         api_key: o.api_key.clone(),
-        requests: Mutex::new(Default::default()),
-        ttft: Histogram::new(LATENCY_BUCKETS),
-        per_token: Histogram::new(LATENCY_BUCKETS),
+        http: HttpMetrics::default(),
         next_id: AtomicU64::new(1),
     });
     let cors = o.cors_origin.clone();
-    let max_body = o.max_body;
     let state2 = state.clone();
     let state_outer = state.clone();
     let addr = (o.host.clone(), o.port);
     eprintln!("frigg serve: listening on http://{}:{} (model id `{}`, {} slots, queue {})", o.host, o.port, state.model_id, o.slots, o.queue);
     let sys = actix_web::rt::System::new();
+    let (drain_delay, drain_timeout) = (o.drain_delay, o.drain_timeout);
     let result = sys.block_on(async move {
         let server = HttpServer::new(move || {
-            let cors_header = cors.clone();
             App::new()
                 .app_data(state2.clone())
-                .app_data(web::PayloadConfig::new(max_body))
-                .app_data(web::JsonConfig::default().limit(max_body).error_handler(|err, _| {
-                    let status = if matches!(err, actix_web::error::JsonPayloadError::Overflow { .. } | actix_web::error::JsonPayloadError::OverflowKnownLength { .. }) { 413 } else { 400 };
-                    let e = ApiError { status, kind: "invalid_request_error", message: err.to_string(), param: None, code: None };
-                    actix_web::error::InternalError::from_response(err, HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST)).json(e.body())).into()
-                }))
-                .wrap(actix_web::middleware::Condition::new(
-                    cors_header.is_some(),
-                    actix_web::middleware::DefaultHeaders::new()
-                        .add(("Access-Control-Allow-Origin", cors_header.clone().unwrap_or_default()))
-                        .add(("Access-Control-Allow-Headers", "authorization, content-type"))
-                        .add(("Access-Control-Allow-Methods", "GET, POST, OPTIONS")),
-                ))
-                .route("/health", web::get().to(health))
-                .route("/metrics", web::get().to(metrics))
-                .route("/v1/models", web::get().to(models))
-                .route("/v1/chat/completions", web::post().to(chat))
-                .route("/v1/completions", web::post().to(completions))
-                .route("/tokenize", web::post().to(tokenize))
-                .route("/detokenize", web::post().to(detokenize))
+                .wrap(actix_web::middleware::Condition::new(cors.is_some(), cors_middleware(cors.as_deref())))
+                .wrap_fn(preflight_no_content)
+                .service(web::resource("/health").get(health).default_service(web::to(get_only)))
+                .service(web::resource("/metrics").get(metrics).default_service(web::to(get_only)))
+                .service(web::resource("/v1/models").get(models).default_service(web::to(get_only)))
+                .service(web::resource("/v1/chat/completions").post(chat).default_service(web::to(post_only)))
+                .service(web::resource("/v1/completions").post(completions).default_service(web::to(post_only)))
+                .service(web::resource("/tokenize").post(tokenize).default_service(web::to(post_only)))
+                .service(web::resource("/detokenize").post(detokenize).default_service(web::to(post_only)))
+                .default_service(web::to(not_found))
         })
+        .on_connect(Peer::attach)
         .workers(2)
-        .shutdown_timeout(60)
+        // frigg drains in-flight work itself (below); this only closes idle connections.
+        .shutdown_timeout(5)
+        .disable_signals()
         .bind(addr)
         .map_err(|e| format!("cannot listen: {e}"))?
         .run();
         let handle = server.handle();
         let st = state.clone();
-        actix_web::rt::spawn(async move {
+        let drained = actix_web::rt::spawn(async move {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
             tokio::select! {
                 _ = term.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}
             }
-            eprintln!("frigg serve: draining (no new requests; in-flight ones finish)");
-            st.draining.store(true, Ordering::SeqCst);
+            let cut = drain(&st, drain_delay, drain_timeout).await;
             handle.stop(true).await;
+            cut
         });
-        server.await.map_err(|e| e.to_string())
+        server.await.map_err(|e| e.to_string())?;
+        Ok::<usize, String>(drained.await.unwrap_or(0))
     });
-    // Closing the queue lets the engine thread finish what is active and return.
+    // Closing the queues lets the engine threads finish what is active and return.
     drop(state_outer.jobs.lock().expect("jobs lock").take());
     for t in threads {
         let _ = t.join();
     }
+    let cut = result?;
+    if cut > 0 {
+        return Err(format!("stopped after the drain timeout ({} s) ended {cut} request(s) in flight", drain_timeout.as_secs()));
+    }
     eprintln!("frigg serve: stopped");
-    result
+    Ok(())
+}
+
+/// The drain after SIGTERM: `/health` 503 at once, requests still served for `delay`, then no
+/// new ones; in-flight requests get `timeout` to finish. Returns how many had to be cut.
+async fn drain(st: &State, delay: Duration, timeout: Duration) -> usize {
+    st.draining.store(true, Ordering::SeqCst);
+    eprintln!("frigg serve: draining: /health is 503; accepting requests for {} s more", delay.as_secs_f64());
+    tokio::time::sleep(delay).await;
+    st.closed.store(true, Ordering::SeqCst);
+    let waiting = st.in_flight.load(Ordering::SeqCst);
+    eprintln!("frigg serve: no new requests; {waiting} in flight get up to {} s to finish", timeout.as_secs_f64());
+    let deadline = Instant::now() + timeout;
+    while st.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cut = st.in_flight.load(Ordering::SeqCst);
+    if cut > 0 {
+        eprintln!("frigg serve: drain timeout: ending {cut} request(s) with an error");
+        st.cut.store(true, Ordering::SeqCst);
+        // Each handler notices within KEEP_ALIVE and writes its error; allow a few rounds.
+        let deadline = Instant::now() + KEEP_ALIVE * 20;
+        while st.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    cut
+}
+
+/// actix-cors answers a preflight 200; a preflight has no content, so frigg says 204.
+fn preflight_no_content<S, B>(req: actix_web::dev::ServiceRequest, srv: &S) -> impl std::future::Future<Output = Result<actix_web::dev::ServiceResponse<B>, actix_web::Error>>
+where
+    S: actix_web::dev::Service<actix_web::dev::ServiceRequest, Response = actix_web::dev::ServiceResponse<B>, Error = actix_web::Error>,
+{
+    let preflight = req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let fut = srv.call(req);
+    async move {
+        let mut res = fut.await?;
+        if preflight && res.status() == StatusCode::OK {
+            *res.response_mut().status_mut() = StatusCode::NO_CONTENT;
+        }
+        Ok(res)
+    }
+}
+
+/// CORS for one origin (or `*`): preflights answered 204 with the methods and headers the API
+/// takes; other responses carry the origin when the request's matches.
+fn cors_middleware(origin: Option<&str>) -> actix_cors::Cors {
+    let cors = actix_cors::Cors::default()
+        .allowed_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allowed_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT])
+        .max_age(600);
+    match origin {
+        Some("*") => cors.allow_any_origin().send_wildcard(),
+        Some(o) => cors.allowed_origin(o),
+        None => cors,
+    }
 }

@@ -40,6 +40,23 @@ pub enum GrammarSpec {
     Tools { ids: ToolTokens, names: Vec<String>, choice: ToolChoice, parallel: bool },
 }
 
+impl GrammarSpec {
+    fn machine(&self) -> Grammar {
+        match self.clone() {
+            GrammarSpec::JsonObject => Grammar::Json(JsonMachine::default()),
+            GrammarSpec::Tools { ids, names, choice, parallel } => Grammar::Tools(ToolMachine::new(ids, names, choice, parallel)),
+        }
+    }
+
+    /// The fewest tokens a reply under this constraint can have, and what asks for it.
+    pub fn min_tokens(&self) -> (usize, &'static str) {
+        match self.machine() {
+            Grammar::Json(j) => (j.min_tokens(), "`response_format: json_object`"),
+            Grammar::Tools(m) => (m.min_tokens(), "the forced tool call (`tool_choice`)"),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Grammar {
     Json(JsonMachine),
@@ -229,10 +246,7 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
             logits: logits.clone(),
             generated: 0,
             pending: vec![],
-            grammar: job.grammar.clone().map(|g| match g {
-                GrammarSpec::JsonObject => Grammar::Json(JsonMachine::default()),
-                GrammarSpec::Tools { ids, names, choice, parallel } => Grammar::Tools(ToolMachine::new(ids, names, choice, parallel)),
-            }),
+            grammar: job.grammar.as_ref().map(GrammarSpec::machine),
             next: 0,
         });
     }
