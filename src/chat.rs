@@ -79,7 +79,7 @@ impl ChatTemplate {
     /// The prompt's token ids: `render`, with every special token that client text spells
     /// tokenized as text (only the template's markup yields control tokens).
     pub fn encode(&self, tok: &Tokenizer, messages: &[Value], tools: Option<&[Value]>, add_generation_prompt: bool) -> Result<Vec<u32>, ChatError> {
-        let mut escaped = Escaped { specials: tok.special_texts(), found: vec![] };
+        let mut escaped = Escaped::new(tok.special_texts())?;
         let messages: Vec<Value> = messages.iter().map(|m| escaped.value(m)).collect();
         let tools: Option<Vec<Value>> = tools.map(|t| t.iter().map(|x| escaped.value(x)).collect());
         let text = self.render(&messages, tools.as_deref(), add_generation_prompt)?;
@@ -102,13 +102,24 @@ impl ChatTemplate {
 }
 
 /// Client strings with special-token text replaced by escape marks.
-struct Escaped<'a> {
-    specials: &'a [String],
+struct Escaped {
+    /// Every special token's text and `ESCAPE_OPEN`, matched leftmost-longest.
+    patterns: aho_corasick::AhoCorasick,
     /// The literal text behind each mark, by index.
     found: Vec<String>,
 }
 
-impl Escaped<'_> {
+impl Escaped {
+    fn new(specials: &[String]) -> Result<Self, ChatError> {
+        let mut patterns: Vec<String> = specials.to_vec();
+        patterns.push(ESCAPE_OPEN.to_string());
+        let patterns = aho_corasick::AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .map_err(|e| ChatError::Template(format!("special-token matcher: {e}")))?;
+        Ok(Escaped { patterns, found: vec![] })
+    }
+
     fn value(&mut self, v: &Value) -> Value {
         match v {
             Value::String(s) => Value::String(self.string(s)),
@@ -119,30 +130,17 @@ impl Escaped<'_> {
     }
 
     fn string(&mut self, s: &str) -> String {
-        if !s.contains(ESCAPE_OPEN) && !self.specials.iter().any(|t| s.contains(t.as_str())) {
-            return s.to_string();
+        let mut out = String::with_capacity(s.len());
+        let mut last = 0;
+        for m in self.patterns.find_iter(s) {
+            out.push_str(&s[last..m.start()]);
+            out.push(ESCAPE_OPEN);
+            out.push_str(&self.found.len().to_string());
+            out.push(ESCAPE_CLOSE);
+            self.found.push(s[m.start()..m.end()].to_string());
+            last = m.end();
         }
-        let mut out = String::with_capacity(s.len() + 8);
-        let mut i = 0;
-        while i < s.len() {
-            let rest = &s[i..];
-            // the longest special token starting here (or the escape character itself)
-            let hit = self.specials.iter().filter(|t| rest.starts_with(t.as_str())).max_by_key(|t| t.len()).cloned().or_else(|| rest.starts_with(ESCAPE_OPEN).then(|| ESCAPE_OPEN.to_string()));
-            match hit {
-                Some(lit) => {
-                    out.push(ESCAPE_OPEN);
-                    out.push_str(&self.found.len().to_string());
-                    out.push(ESCAPE_CLOSE);
-                    i += lit.len();
-                    self.found.push(lit);
-                }
-                None => {
-                    let c = rest.chars().next().expect("i < len");
-                    out.push(c);
-                    i += c.len_utf8();
-                }
-            }
-        }
+        out.push_str(&s[last..]);
         out
     }
 }
