@@ -13,14 +13,14 @@ cd "$root"
 secs="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(gguf_reader safetensors_header chat_request tool_call_parser stream_detokenizer)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf_reader safetensors_header chat_request tool_call_parser schema_intake stream_detokenizer)
 
 rustup toolchain list | grep -q nightly || rustup toolchain install nightly --profile minimal
 cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 
 # Seed corpora (generated, not committed).
 c=fuzz/corpus
-mkdir -p "$c"/{gguf_reader,safetensors_header,chat_request,tool_call_parser,stream_detokenizer}
+mkdir -p "$c"/{gguf_reader,safetensors_header,chat_request,tool_call_parser,schema_intake,stream_detokenizer}
 cargo build --release --locked --bin frigg >/dev/null
 for t in f32 q8_0 q4_k; do
   [ -s "$c/gguf_reader/tiny-$t.gguf" ] || ./target/release/frigg convert tests/fixtures/ckpt/tiny-packed -o "$c/gguf_reader/tiny-$t.gguf" --type "$t" --quiet
@@ -29,8 +29,9 @@ done
 { printf '\x01'; cat tests/fixtures/ckpt/small-h3l2-packed/model.safetensors.index.json; } > "$c/safetensors_header/index"
 printf '%s' '{"model":"x","messages":[{"role":"system","content":"Du er hjælpsom."},{"role":"user","content":"Hej"}],"max_tokens":8,"temperature":0.7,"stop":["\n"]}' > "$c/chat_request/plain"
 printf '%s' '{"messages":[{"role":"user","content":"Vejret?"},{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Aarhus\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"Sol"}],"tools":[{"type":"function","function":{"name":"get_weather","description":"w","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],"tool_choice":"auto"}' > "$c/chat_request/tools"
-printf '\x00{"a": [1, -2.5e3, true, null, "x\\u00e6"], "b": {}}' > "$c/tool_call_parser/json"
-printf '\x01{city:\x01Aarhus\x01,days:3,tags:[\x01a\x01]}' > "$c/tool_call_parser/gemma"
+printf '{city:\x01Aarhus\x01,days:3,tags:[\x01a\x01],o:{x:null,y:-2.5e3}}' > "$c/tool_call_parser/gemma"
+printf '\x02  call:add{a:\x01x\x01}\x03  \x04  ' > "$c/tool_call_parser/tokens"
+printf '%s' '{"type":"object","properties":{"city":{"type":"string","maxLength":30},"unit":{"enum":["c","f"]},"n":{"type":"integer","minimum":1},"xs":{"type":"array","items":{"$ref":"#/$defs/p"},"maxItems":3}},"required":["city"],"additionalProperties":false,"$defs":{"p":{"anyOf":[{"type":"string","pattern":"^[a-z]+$"},{"type":"null"}]}}}' > "$c/schema_intake/schema"
 printf '\x03us\x6d\x01\x70\x01\x95\x01\x6e\x00\x70\x00' > "$c/stream_detokenizer/bytes"
 
 rows=()

@@ -14,7 +14,7 @@ venv="${FRIGG_TEST_VENV:-$root/venv-test}"
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import gguf, numpy, safetensors, pytest, openai" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import gguf, numpy, safetensors, pytest, openai, jsonschema" 2>/dev/null; then
     "$venv/bin/python" -m pip install -q -r scripts/requirements-test.txt
 fi
 

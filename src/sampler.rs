@@ -136,6 +136,11 @@ impl Sampler {
     /// repeated. None if no token is allowed.
     pub fn sample_allowed(&mut self, logits: &mut [f32], allowed: impl Fn(u32) -> bool) -> Option<Choice> {
         self.adjust(logits);
+        self.draw_allowed(logits, allowed)
+    }
+
+    /// `sample_allowed` on logits already adjusted (a redraw after refusing a choice).
+    pub fn draw_allowed(&mut self, logits: &mut [f32], allowed: impl Fn(u32) -> bool) -> Option<Choice> {
         let first = self.draw(logits);
         if allowed(first.token) {
             return Some(first);

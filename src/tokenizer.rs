@@ -32,8 +32,8 @@ pub struct Tokenizer {
     pub eos: Vec<u32>,
     pub add_bos: bool,
     pub mistral_regex: bool,
-    /// Every token as bytes (or special), built on first use by constrained decoding.
-    pieces: std::sync::OnceLock<Vec<crate::constrain::Piece>>,
+    /// The vocabulary as llguidance sees it (each token's bytes), built on first use.
+    tok_env: std::sync::OnceLock<llguidance::toktrie::TokEnv>,
     /// The text of every special token (what `encode` turns into a control token).
     special_texts: Vec<String>,
     /// A copy that reads special-token text as plain text, built on first use.
@@ -80,7 +80,7 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes()).map_err(|e| TokenizerError::Load(e.to_string()))?;
         let mut special_texts: Vec<String> = inner.get_added_tokens_decoder().values().filter(|t| t.special).map(|t| t.content.clone()).collect();
         special_texts.sort();
-        let t = Tokenizer { inner, bos, eos, add_bos, mistral_regex, pieces: Default::default(), special_texts, as_text: Default::default() };
+        let t = Tokenizer { inner, bos, eos, add_bos, mistral_regex, tok_env: Default::default(), special_texts, as_text: Default::default() };
         t.probe()?;
         Ok(t)
     }
@@ -178,16 +178,27 @@ impl Tokenizer {
         self.decode(&[id], false).unwrap_or_default().into_bytes()
     }
 
-    /// Each token's bytes as it appears in decoded text (`token_bytes`), special tokens as
-    /// `Special`.
-    pub fn pieces(&self) -> &[crate::constrain::Piece] {
-        use crate::constrain::Piece;
-        self.pieces.get_or_init(|| {
-            let added = self.inner.get_added_tokens_decoder();
-            (0..self.vocab_size() as u32)
-                .map(|id| if added.get(&id).is_some_and(|t| t.special) { Piece::Special } else { Piece::Bytes(self.token_bytes(id)) })
-                .collect()
-        })
+    /// The vocabulary for llguidance's token trie: each token's `token_bytes`, a special token
+    /// as the trie's marker byte 0xFF followed by its text (so grammars name it `<[id]>` and
+    /// it never matches text). Every id in `eos` ends a reply the grammar has accepted.
+    pub fn tok_env(&self) -> llguidance::toktrie::TokEnv {
+        use llguidance::toktrie::{TokRxInfo, TokTrie};
+        self.tok_env
+            .get_or_init(|| {
+                let added = self.inner.get_added_tokens_decoder();
+                let words: Vec<Vec<u8>> = (0..self.vocab_size() as u32)
+                    .map(|id| match added.get(&id) {
+                        Some(t) if t.special => [&[TokTrie::SPECIAL_TOKEN_MARKER][..], t.content.as_bytes()].concat(),
+                        _ => self.token_bytes(id),
+                    })
+                    .collect();
+                let mut info = TokRxInfo::new(words.len() as u32, self.eos.first().copied().unwrap_or(0));
+                info.tok_bos = self.bos;
+                let trie = TokTrie::from(&info, &words);
+                let trie = if self.eos.is_empty() { trie } else { trie.with_eos_tokens(&self.eos) };
+                std::sync::Arc::new(TrieEnv(trie))
+            })
+            .clone()
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -196,6 +207,21 @@ impl Tokenizer {
 
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos.contains(&id)
+    }
+}
+
+/// llguidance's view of the vocabulary: the trie, and tokenization by the trie's greedy
+/// longest match (llguidance tokenizes only the fixed strings it forces, which frigg does not
+/// use; the real tokenizer stays `Tokenizer::encode`).
+struct TrieEnv(llguidance::toktrie::TokTrie);
+
+impl llguidance::toktrie::TokenizerEnv for TrieEnv {
+    fn tok_trie(&self) -> &llguidance::toktrie::TokTrie {
+        &self.0
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        self.0.greedy_tokenize(s)
     }
 }
 

@@ -1,31 +1,16 @@
-//! Arbitrary bytes fed to the constrained-decoding automata (JSON and Gemma tool arguments):
-//! whatever prefix they accept must complete with `closing()` into text that parses.
+//! Arbitrary bytes as the tokens of a tool reply and as a call's arguments: the call tracker
+//! follows any token sequence, and `args_to_json` parses or refuses any bytes, never crashing
+//! (the grammar guarantees well-formed calls; these two must not trust it).
 #![no_main]
-use frigg::constrain::{gemma_args_to_json, Dialect, ValueMachine};
+use frigg::constrain::gemma::{args_to_json, CallTracker, ToolTokens};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else { return };
-    let dialect = if mode % 2 == 0 { Dialect::Json } else { Dialect::GemmaArgs };
-    let mut m = ValueMachine::new(dialect);
-    let mut accepted = vec![];
-    for &b in rest {
-        match m.accepts(&[b]) {
-            Some(next) => {
-                m = next;
-                accepted.push(b);
-            }
-            None => break,
-        }
-    }
-    accepted.extend(m.closing());
-    match dialect {
-        Dialect::Json => {
-            let v: serde_json::Value = serde_json::from_slice(&accepted).expect("accepted + closing is JSON");
-            assert!(v.is_object());
-        }
-        Dialect::GemmaArgs => {
-            gemma_args_to_json(&accepted).expect("accepted + closing parses");
-        }
+    let _ = args_to_json(data);
+    let ids = ToolTokens { call_open: 48, call_close: 49, response_open: 50, quote: 52 };
+    let mut t = CallTracker::new(ids);
+    for chunk in data.chunks(3) {
+        let token = 46 + u32::from(chunk[0] % 8);
+        t.advance(token, &chunk[1..]);
     }
 });

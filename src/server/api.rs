@@ -66,8 +66,19 @@ pub struct Parsed {
     pub tools: Vec<Value>,
     pub tool_choice: ToolChoiceParam,
     pub parallel_tool_calls: bool,
-    /// `response_format: json_object`.
-    pub json_object: bool,
+    /// `response_format` beyond text: json_object, json_schema, and frigg's regex and grammar.
+    pub format: Option<Format>,
+    /// Each tool's name, schema and strictness, for the call grammar.
+    pub tool_decls: Vec<crate::constrain::ToolDecl>,
+}
+
+/// A constrained `response_format`.
+#[derive(Debug, Clone)]
+pub enum Format {
+    JsonObject,
+    JsonSchema(Value),
+    Regex(String),
+    Grammar(String),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -131,10 +142,24 @@ struct StreamOptions {
 enum ResponseFormat {
     Text,
     JsonObject,
-    JsonSchema {
-        #[allow(dead_code)]
-        json_schema: Value,
-    },
+    JsonSchema { json_schema: JsonSchemaFormat },
+    /// frigg's extension (as vLLM's structured outputs): the reply matches the regex.
+    Regex { regex: String },
+    /// frigg's extension: the reply is in the Lark grammar (llguidance's syntax).
+    Grammar { grammar: String },
+}
+
+/// OpenAI's `json_schema` format. The schema is always enforced; `strict: false` asks for
+/// less than that and gets it too.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonSchemaFormat {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    schema: Option<Value>,
+    #[serde(default)]
+    strict: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -255,6 +280,7 @@ struct WireFunction {
     description: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     parameters: Option<Value>,
+    /// Arguments are held to `parameters` unless this is false (`ToolDecl::strict`).
     #[serde(skip_serializing)]
     strict: Option<bool>,
 }
@@ -308,7 +334,8 @@ pub fn parse(body: &[u8], kind: Kind, n_vocab: usize) -> Result<Parsed, ApiError
         tools: vec![],
         tool_choice: ToolChoiceParam::Auto,
         parallel_tool_calls: w.parallel_tool_calls.unwrap_or(true),
-        json_object: false,
+        format: None,
+        tool_decls: vec![],
     };
     if let Some(msgs) = w.messages {
         p.messages = Some(messages(msgs)?);
@@ -385,16 +412,26 @@ pub fn parse(body: &[u8], kind: Kind, n_vocab: usize) -> Result<Parsed, ApiError
     } else if top_logprobs > 0 {
         return Err(ApiError::invalid("`top_logprobs` requires `logprobs: true`", Some("top_logprobs")));
     }
-    match w.response_format {
-        None | Some(ResponseFormat::Text) => {}
-        Some(ResponseFormat::JsonObject) => p.json_object = true,
-        Some(ResponseFormat::JsonSchema { .. }) => return Err(ApiError::unsupported("response_format", "json_schema is not enforced by frigg (json_object is); refused rather than ignored")),
-    }
-    if p.json_object && !p.stops.is_empty() {
-        // A stop string inside the object would cut it into text that does not parse.
-        return Err(ApiError::invalid("`stop` cannot be combined with `response_format: json_object`: the reply is one complete JSON object", Some("stop")));
+    p.format = match w.response_format {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(Format::JsonObject),
+        Some(ResponseFormat::JsonSchema { json_schema: f }) => {
+            let _ = (&f.description, f.strict);
+            let ok = !f.name.is_empty() && f.name.len() <= 64 && f.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b));
+            if !ok {
+                return Err(ApiError::invalid("`response_format.json_schema.name` must be 1-64 letters, digits, _ or -", Some("response_format.json_schema.name")));
+            }
+            Some(Format::JsonSchema(f.schema.unwrap_or_else(|| serde_json::json!({}))))
+        }
+        Some(ResponseFormat::Regex { regex }) => Some(Format::Regex(regex)),
+        Some(ResponseFormat::Grammar { grammar }) => Some(Format::Grammar(grammar)),
+    };
+    if p.format.is_some() && !p.stops.is_empty() {
+        // A stop string inside the constrained reply would cut it into text the format rejects.
+        return Err(ApiError::invalid("`stop` cannot be combined with a constrained `response_format`: the reply is complete in its format", Some("stop")));
     }
     if let Some(tools) = w.tools {
+        p.tool_decls = tools.iter().map(|t| crate::constrain::ToolDecl { name: t.function.name.clone(), parameters: t.function.parameters.clone(), strict: t.function.strict != Some(false) }).collect();
         p.tools = parse_tools(tools)?;
     }
     let tool_choice = w.tool_choice.as_ref().map(parse_tool_choice).transpose()?;
@@ -407,8 +444,8 @@ pub fn parse(body: &[u8], kind: Kind, n_vocab: usize) -> Result<Parsed, ApiError
         (Some(c), false) => p.tool_choice = c,
         (None, false) => p.tool_choice = ToolChoiceParam::Auto,
     }
-    if p.json_object && p.tool_choice != ToolChoiceParam::None {
-        return Err(ApiError::invalid("`response_format: json_object` and tool calls cannot be combined", Some("response_format")));
+    if p.format.is_some() && p.tool_choice != ToolChoiceParam::None {
+        return Err(ApiError::invalid("a constrained `response_format` and tool calls cannot be combined", Some("response_format")));
     }
     match kind {
         Kind::Chat if p.messages.is_none() => return Err(ApiError::invalid("`messages` is required", Some("messages"))),
@@ -504,9 +541,6 @@ fn parse_tools(list: Vec<WireTool>) -> Result<Vec<Value>, ApiError> {
         }
         if t.function.parameters.as_ref().is_some_and(|p| !p.is_object()) {
             return Err(bad(format!("tools[{i}].function.parameters must be a JSON Schema object")));
-        }
-        if t.function.strict == Some(true) {
-            return Err(ApiError::unsupported(&format!("tools[{i}].function.strict"), "arguments are kept well-formed but not held to the tool's schema; refused rather than ignored"));
         }
     }
     list.iter().map(|t| serde_json::to_value(t).map_err(|e| bad(e.to_string()))).collect()

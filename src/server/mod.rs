@@ -92,6 +92,8 @@ struct State {
     max_body: usize,
     api_key: Option<String>,
     metrics_need_key: bool,
+    /// Compiles requests' constraints over the model's vocabulary.
+    grammars: crate::constrain::Grammars,
     http: HttpMetrics,
     next_id: AtomicU64,
 }
@@ -323,7 +325,7 @@ struct Prepared {
     p: api::Parsed,
     prompt: Vec<u32>,
     max_tokens: usize,
-    grammar: Option<scheduler::GrammarSpec>,
+    grammar: Option<scheduler::Grammar>,
 }
 
 /// Validates, tokenizes and checks a completion request against the context and the slots.
@@ -368,9 +370,8 @@ async fn prepare(st: &State, req: &HttpRequest, payload: web::Payload, kind: Kin
     if p.n > st.slots {
         return Err(ApiError::invalid(format!("`n` = {} exceeds the server's {} slots", p.n, st.slots), Some("n")));
     }
-    let grammar = grammar_spec(st, &p)?;
-    if let Some(g) = &grammar {
-        let (need, what) = g.min_tokens();
+    let grammar = grammar(st, &p)?;
+    if let Some((need, what)) = grammar.as_ref().and_then(|g| g.min_tokens) {
         if max_tokens < need {
             return Err(ApiError::invalid(format!("{what} needs max_tokens of at least {need} (the shortest reply that satisfies it, one token per byte at worst); max_tokens is {max_tokens}"), Some("max_tokens")));
         }
@@ -378,23 +379,37 @@ async fn prepare(st: &State, req: &HttpRequest, payload: web::Payload, kind: Kin
     Ok(Prepared { p, prompt, max_tokens, grammar })
 }
 
-fn grammar_spec(st: &State, p: &api::Parsed) -> Result<Option<scheduler::GrammarSpec>, ApiError> {
-    if p.json_object {
-        return Ok(Some(scheduler::GrammarSpec::JsonObject));
-    }
-    if p.tool_choice == api::ToolChoiceParam::None {
-        return Ok(None);
-    }
-    let id = |t: &str| st.tok.token_id(t);
-    let ids = (|| Some(crate::constrain::ToolTokens { call_open: id("<|tool_call>")?, call_close: id("<tool_call|>")?, response_open: id("<|tool_response>")?, quote: id("<|\"|>")? }))()
-        .ok_or_else(|| ApiError::unsupported("tools", "this model's vocabulary lacks Gemma-4's tool-call tokens"))?;
-    let choice = match &p.tool_choice {
-        api::ToolChoiceParam::Required => crate::constrain::ToolChoice::Required,
-        api::ToolChoiceParam::Named(n) => crate::constrain::ToolChoice::Named(n.clone()),
-        _ => crate::constrain::ToolChoice::Auto,
+/// The request's constraint, compiled: its response format, or its tools' call grammar.
+fn grammar(st: &State, p: &api::Parsed) -> Result<Option<scheduler::Grammar>, ApiError> {
+    use crate::constrain::{Spec, ToolChoice, ToolTokens};
+    let (spec, param) = match &p.format {
+        Some(api::Format::JsonObject) => (Spec::JsonObject, "response_format"),
+        Some(api::Format::JsonSchema(s)) => (Spec::JsonSchema(s.clone()), "response_format.json_schema.schema"),
+        Some(api::Format::Regex(r)) => (Spec::Regex(r.clone()), "response_format.regex"),
+        Some(api::Format::Grammar(g)) => (Spec::Lark(g.clone()), "response_format.grammar"),
+        None if p.tool_choice == api::ToolChoiceParam::None => return Ok(None),
+        None => {
+            let id = |t: &str| st.tok.token_id(t);
+            let ids = (|| Some(ToolTokens { call_open: id("<|tool_call>")?, call_close: id("<tool_call|>")?, response_open: id("<|tool_response>")?, quote: id("<|\"|>")? }))()
+                .ok_or_else(|| ApiError::unsupported("tools", "this model's vocabulary lacks Gemma-4's tool-call tokens"))?;
+            let choice = match &p.tool_choice {
+                api::ToolChoiceParam::Required => ToolChoice::Required,
+                api::ToolChoiceParam::Named(n) => ToolChoice::Named(n.clone()),
+                _ => ToolChoice::Auto,
+            };
+            (Spec::Tools { tools: p.tool_decls.clone(), choice, parallel: p.parallel_tool_calls, ids }, "tools")
+        }
     };
-    let names = p.tools.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_string)).collect();
-    Ok(Some(scheduler::GrammarSpec::Tools { ids, names, choice, parallel: p.parallel_tool_calls }))
+    let compiled = st.grammars.compile(&spec).map_err(|e| ApiError { status: 400, kind: "invalid_request_error", message: format!("{param}: {e}"), param: Some(param.into()), code: Some("invalid_grammar") })?;
+    if !compiled.compile_time.is_zero() {
+        tracing::debug!("compiled the {param} constraint in {:.1} ms", compiled.compile_time.as_secs_f64() * 1e3);
+    }
+    let min = spec.min_tokens();
+    let tools = match spec {
+        Spec::Tools { ids, .. } => Some(ids),
+        _ => None,
+    };
+    Ok(Some(scheduler::Grammar { compiled, tools, min_tokens: min }))
 }
 
 /// Routes a job to the replica with the fewest busy slots plus waiting requests. The waiting
@@ -791,6 +806,9 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
     let tok = Arc::new(Tokenizer::from_gguf(&g, o.mistral_regex).map_err(|e| e.to_string())?);
     let template = ChatTemplate::from_gguf(&g, &tok).map_err(|e| e.to_string())?;
     drop(g);
+    // llguidance's view of the vocabulary, built while the engines load.
+    let tok3 = tok.clone();
+    let grammars = std::thread::spawn(move || crate::constrain::Grammars::new(&tok3.tok_env()));
 
     let devices: Vec<Option<Option<usize>>> = if o.devices.is_empty() { vec![None] } else { o.devices.iter().map(|d| Some(*d)).collect() };
     let mut replicas = vec![];
@@ -831,7 +849,9 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         eprintln!("frigg serve: replica {i} loaded; compute buffers reserved for a full-context prompt: {:.1} MiB", compute_bytes as f64 / (1u64 << 20) as f64);
     }
 
+    let grammars = grammars.join().map_err(|_| "building the grammar compiler panicked".to_string())??;
     let state = web::Data::new(State {
+        grammars,
         n_vocab: hp.n_vocab as usize,
         tok,
         template,

@@ -2,7 +2,7 @@
 //! between decode steps, so running streams are never starved), decodes every active sequence
 //! in one batched step, and sends each piece of text back as soon as it is final.
 
-use crate::constrain::{JsonMachine, ToolChoice, ToolEvent, ToolMachine, ToolTokens};
+use crate::constrain::{CallEvent, CallTracker, Compiled, Constraint, ToolTokens};
 use crate::engine::{Engine, EngineError, Rows};
 use crate::ggml::compute::{Cancel, ComputeError};
 use crate::generate::Finish;
@@ -26,41 +26,24 @@ pub struct Job {
     /// Top alternatives to report per token (OpenAI top_logprobs); None = no logprobs.
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
-    pub grammar: Option<GrammarSpec>,
+    pub grammar: Option<Grammar>,
     pub events: UnboundedSender<Event>,
     pub enqueued: Instant,
 }
 
-/// Constrained decoding a request asks for.
-#[derive(Debug, Clone)]
-pub enum GrammarSpec {
-    /// `response_format: json_object`: one JSON object, closed within max_tokens.
-    JsonObject,
-    /// Declared tools: calls the model makes are well-formed and parsed into `tool_calls`.
-    Tools { ids: ToolTokens, names: Vec<String>, choice: ToolChoice, parallel: bool },
+/// Constrained decoding a request asks for: its compiled grammar, and for tool replies the
+/// call syntax's tokens (a tracker then splits text from calls).
+pub struct Grammar {
+    pub compiled: Compiled,
+    pub tools: Option<ToolTokens>,
+    /// A lower bound on the reply's tokens, and what sets it (`Spec::min_tokens`).
+    pub min_tokens: Option<(usize, &'static str)>,
 }
 
-impl GrammarSpec {
-    fn machine(&self) -> Grammar {
-        match self.clone() {
-            GrammarSpec::JsonObject => Grammar::Json(JsonMachine::default()),
-            GrammarSpec::Tools { ids, names, choice, parallel } => Grammar::Tools(ToolMachine::new(ids, names, choice, parallel)),
-        }
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar").field("tools", &self.tools).finish_non_exhaustive()
     }
-
-    /// The fewest tokens a reply under this constraint can have, and what asks for it.
-    pub fn min_tokens(&self) -> (usize, &'static str) {
-        match self.machine() {
-            Grammar::Json(j) => (j.min_tokens(), "`response_format: json_object`"),
-            Grammar::Tools(m) => (m.min_tokens(), "the forced tool call (`tool_choice`)"),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-enum Grammar {
-    Json(JsonMachine),
-    Tools(ToolMachine),
 }
 
 /// What the engine sends back for a request.
@@ -121,7 +104,8 @@ struct Seq {
     generated: usize,
     /// Logprobs of tokens whose text the decoder still holds back.
     pending: Vec<TokenLogprob>,
-    grammar: Option<Grammar>,
+    constraint: Option<Constraint>,
+    tracker: Option<CallTracker>,
     /// The token sampled last, fed at the next decode step.
     next: u32,
 }
@@ -212,7 +196,14 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     let client_left = || job.events.is_closed();
     let cancel = Cancel(&client_left);
     let t0 = Instant::now();
-    let prefilled = engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel));
+    // The first mask is computed while the prompt is prefilled.
+    let mut constraint = job.grammar.as_ref().map(|g| g.compiled.constraint());
+    let prefilled = std::thread::scope(|s| {
+        if let Some(c) = constraint.as_mut() {
+            s.spawn(|| c.compute_mask(job.max_tokens));
+        }
+        engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel))
+    });
     Stats::add_time(&stats.prefill_us, t0);
     let logits = match prefilled {
         Ok(mut l) => l.pop().expect("one row"),
@@ -246,14 +237,24 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
             logits: logits.clone(),
             generated: 0,
             pending: vec![],
-            grammar: job.grammar.as_ref().map(GrammarSpec::machine),
+            constraint: constraint.clone(),
+            tracker: job.grammar.as_ref().and_then(|g| g.tools).map(CallTracker::new),
             next: 0,
         });
     }
 }
 
+/// What sampling one sequence's next token led to.
+enum Next {
+    /// Decode this token at the next step.
+    Token(u32),
+    /// The sequence ended (its final events are sent).
+    Finished,
+}
+
 /// Samples every active sequence, finishes those that ended, decodes the rest in one step
-/// (with `pack`, first moved into the lowest streams). Returns the padding rows it computed.
+/// (with `pack`, first moved into the lowest streams) while the next masks of constrained
+/// sequences are computed beside it. Returns the padding rows it computed.
 fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Stats, pack: bool) -> usize {
     let mut finished = vec![];
     for (i, seq) in active.iter_mut().enumerate() {
@@ -261,127 +262,11 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
             finished.push(i); // client disconnected: free the slot now
             continue;
         }
-        // sample() applies bias and penalties to the logits in place; logprobs report that
-        // adjusted distribution at temperature 1, as OpenAI's do.
-        let remaining = seq.job.max_tokens - seq.generated;
-        let c = match &seq.grammar {
-            None => seq.sampler.sample(&mut seq.logits),
-            Some(g) => {
-                let pieces = tok.pieces();
-                let ignore_eos = seq.job.ignore_eos;
-                let allowed = |t: u32| {
-                    let piece = &pieces[t as usize];
-                    match g {
-                        Grammar::Json(j) => j.allows(piece, remaining),
-                        Grammar::Tools(m) => m.allows(t, piece, tok.is_eos(t) && !ignore_eos, remaining),
-                    }
-                };
-                match seq.sampler.sample_allowed(&mut seq.logits, allowed) {
-                    Some(c) => c,
-                    None => {
-                        let _ = seq.job.events.send(Event::Error("constrained decoding: no token in the vocabulary is allowed here".into()));
-                        finished.push(i);
-                        continue;
-                    }
-                }
-            }
-        };
-        let tool_calls = match &seq.grammar {
-            Some(Grammar::Tools(m)) => m.calls,
-            _ => 0,
-        };
-        let finish_on_eos = if tool_calls > 0 { Finish::ToolCalls } else { Finish::Stop };
-        if !seq.job.ignore_eos && tok.is_eos(c.token) {
-            flush(seq, tok, finish_on_eos);
-            finished.push(i);
-            continue;
-        }
-        seq.sampler.accept(c.token);
-        seq.generated += 1;
-        stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        let mut text_token = true;
-        let mut grammar_done = None;
-        match &mut seq.grammar {
-            None => {}
-            Some(Grammar::Json(j)) => {
-                j.advance(&tok.pieces()[c.token as usize]);
-                if j.is_done() {
-                    grammar_done = Some(Finish::Stop);
-                }
-            }
-            Some(Grammar::Tools(m)) => {
-                let was_text = !m.in_call();
-                let ev = m.advance(c.token, &tok.pieces()[c.token as usize]);
-                text_token = ev == ToolEvent::Text;
-                if was_text && !text_token {
-                    // text held back for stop strings is final once a call starts
-                    let rest = seq.decoder.flush(tok, &seq.job.stops).unwrap_or_default();
-                    let tokens = std::mem::take(&mut seq.pending);
-                    if !rest.is_empty() || !tokens.is_empty() {
-                        let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
-                    }
-                }
-                let index = m.calls.saturating_sub(1);
-                match ev {
-                    ToolEvent::Name(name) => {
-                        let id = format!("call_{}_{}_{}", seq.job.id, seq.choice, m.calls);
-                        let _ = seq.job.events.send(Event::ToolName { choice: seq.choice, index: m.calls, id, name });
-                    }
-                    ToolEvent::Call { arguments, .. } => {
-                        let _ = seq.job.events.send(Event::ToolArgs { choice: seq.choice, index, arguments: arguments.to_string() });
-                    }
-                    ToolEvent::End => grammar_done = Some(Finish::ToolCalls),
-                    ToolEvent::Text | ToolEvent::Markup => {}
-                }
-            }
-        }
-        if !text_token {
-            if let Some(f) = grammar_done {
-                flush(seq, tok, f);
-                finished.push(i);
-            } else if seq.generated >= seq.job.max_tokens {
-                let complete_calls = matches!(&seq.grammar, Some(Grammar::Tools(m)) if m.after_call());
-                flush(seq, tok, if complete_calls { Finish::ToolCalls } else { Finish::Length });
-                finished.push(i);
-            } else {
-                seq.next = c.token;
-            }
-            continue;
-        }
-        if let Some(k) = seq.job.logprobs {
-            let lse = crate::sampler::logsumexp(&seq.logits);
-            let top = if k > 0 { crate::parity::top_k(&seq.logits, k).into_iter().map(|(id, l)| (id, l - lse)).collect() } else { vec![] };
-            seq.pending.push(TokenLogprob { token: c.token, logprob: seq.logits[c.token as usize] - lse, top });
-        }
-        let stop_hit = match seq.decoder.push(tok, c.token) {
-            Ok(_) => {
-                let (piece, hit) = seq.decoder.next_piece(&seq.job.stops);
-                if !piece.is_empty() || hit.is_some() {
-                    let tokens = std::mem::take(&mut seq.pending);
-                    let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: piece, tokens });
-                }
-                hit.is_some()
-            }
-            Err(e) => {
-                let _ = seq.job.events.send(Event::Error(e.to_string()));
-                true
-            }
-        };
-        if stop_hit {
-            let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish: Finish::Stop, completion_tokens: seq.generated });
-            finished.push(i);
-        } else if let Some(f) = grammar_done {
-            flush(seq, tok, f);
-            finished.push(i);
-        } else if seq.generated >= seq.job.max_tokens {
-            flush(seq, tok, Finish::Length);
-            finished.push(i);
-        } else {
-            seq.next = c.token;
+        match advance(seq, tok, stats) {
+            Next::Token(t) => seq.next = t,
+            Next::Finished => finished.push(i),
         }
     }
-    finished.sort_unstable();
-    finished.dedup();
     for i in finished.into_iter().rev() {
         let seq = active.swap_remove(i);
         engine.release(seq.stream);
@@ -394,7 +279,13 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     }
     let pairs: Vec<(usize, u32)> = active.iter().map(|seq| (seq.stream, seq.next)).collect();
     let t0 = Instant::now();
-    let decoded = engine.decode(&pairs);
+    let decoded = std::thread::scope(|s| {
+        let pending: Vec<(&mut Constraint, usize)> = active.iter_mut().filter_map(|seq| Some((seq.constraint.as_mut()?, seq.job.max_tokens - seq.generated))).filter(|(c, _)| c.mask_pending()).collect();
+        if !pending.is_empty() {
+            s.spawn(move || pending.into_iter().for_each(|(c, left)| c.compute_mask(left)));
+        }
+        engine.decode(&pairs)
+    });
     Stats::add_time(&stats.decode_us, t0);
     stats.decode_steps.fetch_add(1, Ordering::Relaxed);
     stats.decode_rows.fetch_add(pairs.len(), Ordering::Relaxed);
@@ -414,6 +305,151 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
         }
     }
     padding
+}
+
+/// Samples one sequence's next token from its logits (under its constraint's mask), sends
+/// the text that became final, and says whether the sequence goes on.
+fn advance(seq: &mut Seq, tok: &Tokenizer, stats: &Stats) -> Next {
+    let finish_on_eos = if seq.tracker.as_ref().is_some_and(|t| t.calls > 0) { Finish::ToolCalls } else { Finish::Stop };
+    // sample() applies bias and penalties to the logits in place; logprobs report that
+    // adjusted distribution at temperature 1, as OpenAI's do.
+    let c = match &mut seq.constraint {
+        None => seq.sampler.sample(&mut seq.logits),
+        Some(con) if con.finished() => {
+            flush(seq, tok, finish_on_eos);
+            return Next::Finished;
+        }
+        Some(con) => {
+            if let Err(e) = con.mask() {
+                let _ = seq.job.events.send(Event::Error(format!("constrained decoding: {e}")));
+                return Next::Finished;
+            }
+            let ignore_eos = seq.job.ignore_eos;
+            let left = seq.job.max_tokens - seq.generated;
+            let forced = con.forced(left);
+            let con = &*con;
+            let allowed = |t: u32| forced.map_or(con.allows(t) && !(ignore_eos && tok.is_eos(t)), |f| t == f);
+            let first = seq.sampler.sample_allowed(&mut seq.logits, allowed);
+            // Near the end of the budget a sampled token must leave a completion that fits:
+            // else it is refused and another drawn, a few times; then the closing path's first
+            // token, or (no path fits at all) the first draw after all.
+            let mut choice = first;
+            let mut tries = 0;
+            while let Some(c) = choice.filter(|c| forced.is_none() && con.near_end(left) && !tok.is_eos(c.token) && !con.fits_after(c.token, left - 1)) {
+                let refused = seq.logits[c.token as usize];
+                seq.logits[c.token as usize] = f32::NEG_INFINITY;
+                tries += 1;
+                choice = if tries < 8 { seq.sampler.draw_allowed(&mut seq.logits, allowed).filter(|d| seq.logits[d.token as usize].is_finite()) } else { None };
+                if choice.is_none() {
+                    seq.logits[c.token as usize] = refused;
+                }
+            }
+            let fallback = || con.closing_first().filter(|&t| con.allows(t)).map(|token| crate::sampler::Choice { token, logprob: 0.0 }).or(first);
+            match choice.or_else(|| if tries > 0 { fallback() } else { None }) {
+                Some(c) => c,
+                // Only the end of the turn is allowed, and ignore_eos refuses it: the reply is complete.
+                None => {
+                    flush(seq, tok, finish_on_eos);
+                    return Next::Finished;
+                }
+            }
+        }
+    };
+    if !seq.job.ignore_eos && tok.is_eos(c.token) {
+        flush(seq, tok, finish_on_eos);
+        return Next::Finished;
+    }
+    seq.sampler.accept(c.token);
+    seq.generated += 1;
+    stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+    let mut grammar_done = None;
+    if let Some(con) = &mut seq.constraint {
+        if let Err(e) = con.consume(c.token) {
+            let _ = seq.job.events.send(Event::Error(format!("constrained decoding: {e}")));
+            return Next::Finished;
+        }
+        // A reply the grammar could end here may be complete: look now rather than after
+        // another forward (tool replies end through their tracker instead).
+        if seq.tracker.is_none() && con.accepting() {
+            con.compute_mask(seq.job.max_tokens - seq.generated);
+            if con.finished() {
+                grammar_done = Some(Finish::Stop);
+            }
+        }
+    }
+    let text_token = match &mut seq.tracker {
+        None => true,
+        Some(t) => {
+            let was_text = !t.in_call();
+            let ev = t.advance(c.token, &tok.token_bytes(c.token));
+            if was_text && ev != CallEvent::Text {
+                // text held back for stop strings is final once a call starts
+                let rest = seq.decoder.flush(tok, &seq.job.stops).unwrap_or_default();
+                let tokens = std::mem::take(&mut seq.pending);
+                if !rest.is_empty() || !tokens.is_empty() {
+                    let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
+                }
+            }
+            let index = t.calls.saturating_sub(1);
+            match &ev {
+                CallEvent::Name(name) => {
+                    let id = format!("call_{}_{}_{}", seq.job.id, seq.choice, t.calls);
+                    let _ = seq.job.events.send(Event::ToolName { choice: seq.choice, index: t.calls, id, name: name.clone() });
+                }
+                CallEvent::Call { arguments, .. } => {
+                    let _ = seq.job.events.send(Event::ToolArgs { choice: seq.choice, index, arguments: arguments.to_string() });
+                }
+                CallEvent::End => grammar_done = Some(Finish::ToolCalls),
+                CallEvent::Text | CallEvent::Markup => {}
+            }
+            ev == CallEvent::Text
+        }
+    };
+    let out_of_budget = seq.generated >= seq.job.max_tokens;
+    if !text_token {
+        if let Some(f) = grammar_done {
+            flush(seq, tok, f);
+            return Next::Finished;
+        }
+        if out_of_budget {
+            let complete_calls = seq.tracker.as_ref().is_some_and(CallTracker::after_call);
+            flush(seq, tok, if complete_calls { Finish::ToolCalls } else { Finish::Length });
+            return Next::Finished;
+        }
+        return Next::Token(c.token);
+    }
+    if let Some(k) = seq.job.logprobs {
+        let lse = crate::sampler::logsumexp(&seq.logits);
+        let top = if k > 0 { crate::parity::top_k(&seq.logits, k).into_iter().map(|(id, l)| (id, l - lse)).collect() } else { vec![] };
+        seq.pending.push(TokenLogprob { token: c.token, logprob: seq.logits[c.token as usize] - lse, top });
+    }
+    let stop_hit = match seq.decoder.push(tok, c.token) {
+        Ok(_) => {
+            let (piece, hit) = seq.decoder.next_piece(&seq.job.stops);
+            if !piece.is_empty() || hit.is_some() {
+                let tokens = std::mem::take(&mut seq.pending);
+                let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: piece, tokens });
+            }
+            hit.is_some()
+        }
+        Err(e) => {
+            let _ = seq.job.events.send(Event::Error(e.to_string()));
+            return Next::Finished;
+        }
+    };
+    if stop_hit {
+        let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish: Finish::Stop, completion_tokens: seq.generated });
+        return Next::Finished;
+    }
+    if let Some(f) = grammar_done {
+        flush(seq, tok, f);
+        return Next::Finished;
+    }
+    if out_of_budget {
+        flush(seq, tok, Finish::Length);
+        return Next::Finished;
+    }
+    Next::Token(c.token)
 }
 
 fn flush(seq: &mut Seq, tok: &Tokenizer, finish: Finish) {
