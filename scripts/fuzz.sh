@@ -29,8 +29,8 @@ done
 { printf '\x01'; cat tests/fixtures/ckpt/small-h3l2-packed/model.safetensors.index.json; } > "$c/safetensors_header/index"
 printf '%s' '{"model":"x","messages":[{"role":"system","content":"Du er hjælpsom."},{"role":"user","content":"Hej"}],"max_tokens":8,"temperature":0.7,"stop":["\n"]}' > "$c/chat_request/plain"
 printf '%s' '{"messages":[{"role":"user","content":"Vejret?"},{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Aarhus\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"Sol"}],"tools":[{"type":"function","function":{"name":"get_weather","description":"w","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],"tool_choice":"auto"}' > "$c/chat_request/tools"
-printf '{city:\x01Aarhus\x01,days:3,tags:[\x01a\x01],o:{x:null,y:-2.5e3}}' > "$c/tool_call_parser/gemma"
-printf '\x02  call:add{a:\x01x\x01}\x03  \x04  ' > "$c/tool_call_parser/tokens"
+printf '{city:\xffAarhus\xff,days:3,tags:[\xffa\xff],o:{x:null,y:-2.5e3}}' > "$c/tool_call_parser/gemma"
+printf '\x02  call:add{a:\xffx\xff}\x03  \x04  ' > "$c/tool_call_parser/tokens"
 printf '%s' '{"type":"object","properties":{"city":{"type":"string","maxLength":30},"unit":{"enum":["c","f"]},"n":{"type":"integer","minimum":1},"xs":{"type":"array","items":{"$ref":"#/$defs/p"},"maxItems":3}},"required":["city"],"additionalProperties":false,"$defs":{"p":{"anyOf":[{"type":"string","pattern":"^[a-z]+$"},{"type":"null"}]}}}' > "$c/schema_intake/schema"
 printf '\x03us\x6d\x01\x70\x01\x95\x01\x6e\x00\x70\x00' > "$c/stream_detokenizer/bytes"
 

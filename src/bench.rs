@@ -627,3 +627,183 @@ mod tests {
         assert_eq!(back[0].markdown_row(), cell.markdown_row());
     }
 }
+
+#[derive(Debug, Clone)]
+pub struct GrammarOptions {
+    pub model: PathBuf,
+    /// A JSON Schema the constrained arm holds every reply to.
+    pub schema: serde_json::Value,
+    pub schema_name: String,
+    pub batches: Vec<usize>,
+    pub threads: usize,
+    pub steps: usize,
+    pub reps: usize,
+    /// Positions in each sequence before the timed steps.
+    pub context: usize,
+}
+
+/// One batch size of `bench grammar`: the same decode steps, sampled at temperature 0.9,
+/// free and held to the schema, alternated.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct GrammarCell {
+    pub model: String,
+    pub schema: String,
+    pub vocab: usize,
+    pub batch: usize,
+    pub context: usize,
+    pub threads: usize,
+    pub steps: usize,
+    pub free_tok_s: Vec<f64>,
+    pub constrained_tok_s: Vec<f64>,
+    /// Constrained over free, per alternated pair, and their median.
+    pub ratios: Vec<f64>,
+    pub ratio_median: f64,
+    /// Mean time one mask took (computed beside the forward, so not on the step's path).
+    pub mask_us: f64,
+    /// The token trie and llguidance's slices over the vocabulary, once per server.
+    pub vocab_setup_s: f64,
+    /// Compiling the schema the first time (later requests take it from the cache).
+    pub compile_ms: f64,
+    pub load_before: f64,
+    pub load_after: f64,
+    pub machine: Machine,
+    pub frigg_version: String,
+}
+
+/// Constrained against free decoding on one model: per batch size, `reps` alternated pairs of
+/// `steps` decode steps from `context` filled positions, each stream sampling its next token
+/// from the logits (under its mask in the constrained arm, a finished reply starting again).
+pub fn grammar(o: &GrammarOptions) -> Result<Vec<GrammarCell>, String> {
+    use crate::constrain::{masks_beside, Grammars, Spec};
+    use crate::sampler::{Sampler, SamplingParams};
+    let g = crate::ggml::gguf::GgufFile::open(&o.model).map_err(|e| e.to_string())?;
+    let tok = crate::tokenizer::Tokenizer::from_gguf(&g, false).map_err(|e| e.to_string())?;
+    drop(g);
+    let t0 = Instant::now();
+    let grammars = Grammars::new(&tok.tok_env())?;
+    let vocab_setup_s = t0.elapsed().as_secs_f64();
+    let spec = Spec::JsonSchema(o.schema.clone());
+    let t0 = Instant::now();
+    let compiled = grammars.compile(&spec)?;
+    let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let max_batch = o.batches.iter().copied().max().unwrap_or(1);
+    let n_ctx = o.context + o.steps + 2;
+    let eopts = EngineOptions { threads: o.threads, n_ctx, n_stream: max_batch, ..Default::default() };
+    let mut e = Engine::load(&o.model, &eopts).map_err(|e| e.to_string())?;
+    let budget = 256;
+    let mut cells = vec![];
+    for &b in &o.batches {
+        let load_before = loadavg();
+        let (mut free, mut constrained, mut mask_time, mut masks) = (vec![], vec![], 0f64, 0usize);
+        for rep in 0..=o.reps {
+            for arm_constrained in [false, true] {
+                let mut samplers: Vec<Sampler> = (0..b).map(|s| Sampler::new(SamplingParams { temperature: 0.9, seed: Some((rep * 64 + s) as u64), ..Default::default() })).collect();
+                let mut cons: Vec<_> = (0..b).map(|_| arm_constrained.then(|| compiled.constraint())).collect();
+                for c in cons.iter_mut().flatten() {
+                    c.compute_mask(budget);
+                }
+                for s in 0..b {
+                    e.fill_for_benchmark(s, o.context).map_err(|e| e.to_string())?;
+                }
+                let mut logits: Vec<Vec<f32>> = e.decode(&(0..b).map(|s| (s, 1000 + s as u32)).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
+                let t0 = Instant::now();
+                for _ in 0..o.steps {
+                    let mut batch = Vec::with_capacity(b);
+                    for s in 0..b {
+                        let token = match cons[s].as_mut() {
+                            None => samplers[s].sample(&mut logits[s]).token,
+                            Some(c) => {
+                                if c.finished() {
+                                    *c = compiled.constraint();
+                                    c.compute_mask(budget);
+                                }
+                                let con = &*c;
+                                let t = samplers[s].sample_allowed(&mut logits[s], |t| con.allows(t)).map(|x| x.token).unwrap_or(0);
+                                c.consume(t).map_err(|e| format!("constrained arm: {e}"))?;
+                                t
+                            }
+                        };
+                        samplers[s].accept(token);
+                        batch.push((s, token));
+                    }
+                    let pending = cons.iter_mut().flatten().map(|c| (c, budget)).collect();
+                    logits = masks_beside(pending, || e.decode(&batch)).map_err(|e| e.to_string())?;
+                }
+                let tok_s = (b * o.steps) as f64 / t0.elapsed().as_secs_f64();
+                for s in 0..b {
+                    e.release(s);
+                }
+                if rep > 0 {
+                    if arm_constrained { constrained.push(tok_s) } else { free.push(tok_s) }
+                }
+            }
+        }
+        // The masks' own time, measured alone on the constrained arm's kind of states.
+        let mut c = compiled.constraint();
+        let mut sampler = Sampler::new(SamplingParams { temperature: 0.9, seed: Some(7), ..Default::default() });
+        let fake: Vec<f32> = (0..tok.vocab_size()).map(|i| ((i * 7919) % 1009) as f32 / 100.0).collect();
+        for _ in 0..64 {
+            if c.finished() {
+                c = compiled.constraint();
+            }
+            let t0 = Instant::now();
+            c.compute_mask(budget);
+            mask_time += t0.elapsed().as_secs_f64();
+            masks += 1;
+            let con = &c;
+            let t = sampler.sample_allowed(&mut fake.clone(), |t| con.allows(t)).map(|x| x.token).unwrap_or(0);
+            c.consume(t)?;
+        }
+        let ratios: Vec<f64> = constrained.iter().zip(&free).map(|(c, f)| c / f).collect();
+        cells.push(GrammarCell {
+            model: o.model.display().to_string(),
+            schema: o.schema_name.clone(),
+            vocab: tok.vocab_size(),
+            batch: b,
+            context: o.context,
+            threads: o.threads,
+            steps: o.steps,
+            ratio_median: median(&ratios),
+            ratios,
+            free_tok_s: free,
+            constrained_tok_s: constrained,
+            mask_us: mask_time / masks.max(1) as f64 * 1e6,
+            vocab_setup_s,
+            compile_ms,
+            load_before,
+            load_after: loadavg(),
+            machine: machine(),
+            frigg_version: crate::long_version(),
+        });
+    }
+    Ok(cells)
+}
+
+impl GrammarCell {
+    pub fn markdown_header() -> &'static str {
+        "| file | vocabulary | schema | threads | batch | context | free decode tok/s, median (range) | constrained (range) | constrained / free, median of pairs | one mask | vocabulary setup | schema compile | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    }
+
+    pub fn markdown_row(&self) -> String {
+        let file = Path::new(&self.model).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let range = |v: &[f64]| format!("{:.2}–{:.2}", v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
+        format!(
+            "| {file} | {} | {} | {} | {} | {} | **{:.2}** ({}) | **{:.2}** ({}) | **{:.3}×** | {:.0} µs | {:.2} s | {:.1} ms | {:.2} → {:.2} |",
+            self.vocab,
+            self.schema,
+            self.threads,
+            self.batch,
+            self.context,
+            median(&self.free_tok_s),
+            range(&self.free_tok_s),
+            median(&self.constrained_tok_s),
+            range(&self.constrained_tok_s),
+            self.ratio_median,
+            self.mask_us,
+            self.vocab_setup_s,
+            self.compile_ms,
+            self.load_before,
+            self.load_after
+        )
+    }
+}

@@ -130,17 +130,21 @@ impl Sampler {
         self.draw(logits)
     }
 
-    /// As `sample`, among the tokens `allowed` accepts (constrained decoding). The first draw
-    /// is unconstrained and kept if allowed — without top-k/top-p/min-p that is exactly a draw
-    /// from the masked distribution — else every disallowed logit is set to -inf and the draw
-    /// repeated. None if no token is allowed.
+    /// As `sample`, among the tokens `allowed` accepts (constrained decoding). None if no
+    /// token is allowed.
     pub fn sample_allowed(&mut self, logits: &mut [f32], allowed: impl Fn(u32) -> bool) -> Option<Choice> {
         self.adjust(logits);
         self.draw_allowed(logits, allowed)
     }
 
-    /// `sample_allowed` on logits already adjusted (a redraw after refusing a choice).
+    /// `sample_allowed` on logits already adjusted (a redraw after refusing a choice). Without
+    /// top-k/top-p/min-p it is one draw from the masked distribution; with them the first
+    /// draw is unconstrained and kept if allowed, else every disallowed logit is set to -inf
+    /// and the draw repeated (the cuts then apply to the allowed tokens).
     pub fn draw_allowed(&mut self, logits: &mut [f32], allowed: impl Fn(u32) -> bool) -> Option<Choice> {
+        if self.uncut() {
+            return self.draw_where(logits, allowed);
+        }
         let first = self.draw(logits);
         if allowed(first.token) {
             return Some(first);
@@ -156,7 +160,48 @@ impl Sampler {
         any.then(|| self.draw(logits))
     }
 
+    /// No top-k, top-p or min-p cut: a draw needs no sorted distribution.
+    fn uncut(&self) -> bool {
+        let p = &self.params;
+        p.is_greedy() || (p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0)
+    }
+
+    /// Greedy, or one draw from softmax(logits / T) over the allowed tokens, in three passes
+    /// without sorting (Mimir's 262k vocabulary makes a sort per token the sampler's cost).
+    fn draw_where(&mut self, logits: &[f32], allowed: impl Fn(u32) -> bool) -> Option<Choice> {
+        let ok = |i: usize, l: f32| l > f32::NEG_INFINITY && allowed(i as u32);
+        let (mut best, mut max) = (None, f32::NEG_INFINITY);
+        for (i, &l) in logits.iter().enumerate() {
+            if l > max && ok(i, l) {
+                (best, max) = (Some(i), l);
+            }
+        }
+        let best = best?;
+        if self.params.is_greedy() {
+            return Some(Choice { token: best as u32, logprob: log_softmax_at(logits, best, 1.0) });
+        }
+        let t = self.params.temperature.max(1e-6);
+        let weight = |l: f32| ((l - max) / t).exp() as f64;
+        let total: f64 = logits.iter().enumerate().filter(|&(i, &l)| ok(i, l)).map(|(_, &l)| weight(l)).sum();
+        let target = self.rng.random::<f64>() * total;
+        let mut acc = 0.0;
+        let mut last = best;
+        for (i, &l) in logits.iter().enumerate() {
+            if ok(i, l) {
+                acc += weight(l);
+                last = i;
+                if acc > target {
+                    break;
+                }
+            }
+        }
+        Some(Choice { token: last as u32, logprob: (weight(logits[last]) / total).ln() as f32 })
+    }
+
     fn draw(&mut self, logits: &[f32]) -> Choice {
+        if self.uncut() {
+            return self.draw_where(logits, |_| true).unwrap_or(Choice { token: 0, logprob: 0.0 });
+        }
         if self.params.is_greedy() {
             let token = crate::parity::argmax(logits);
             return Choice { token, logprob: log_softmax_at(logits, token as usize, 1.0) };

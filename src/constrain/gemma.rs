@@ -446,9 +446,9 @@ G_INTEGER: /-?(0|[1-9][0-9]{{0,15}})/
     }
 }
 
-/// The byte that stands for the `<|"|>` token in the bytes `CallTracker` collects (never
-/// valid in the dialect's text).
-pub const QUOTE: u8 = 0x01;
+/// The byte that stands for the `<|"|>` token in the bytes `CallTracker` collects: 0xFF is
+/// never part of UTF-8, and the grammar's strings are UTF-8 text.
+pub const QUOTE: u8 = 0xFF;
 
 /// Parses a call's arguments (`{…}` with `QUOTE` for each `<|"|>`) into JSON.
 pub fn args_to_json(bytes: &[u8]) -> Result<Value, String> {
@@ -658,8 +658,8 @@ mod tests {
 
     #[test]
     fn arguments_parse_into_json() {
-        let src = b"{city:\x01K\xc3\xb8benhavn, DK\x01,days:3,opts:{metric:true,tags:[\x01a\x01,\x01b\x01]},x:null}";
-        assert_eq!(args_to_json(src).unwrap(), json!({"city": "København, DK", "days": 3, "opts": {"metric": true, "tags": ["a", "b"]}, "x": null}));
+        let src = b"{city:\xffK\xc3\xb8benhavn, DK\xff,days:3,opts:{metric:true,tags:[\xffa\xff,\xffb\xff]},x:null,c:\xff\x01\xff}";
+        assert_eq!(args_to_json(src).unwrap(), json!({"city": "København, DK", "days": 3, "opts": {"metric": true, "tags": ["a", "b"]}, "x": null, "c": "\u{1}"}));
         assert!(args_to_json(b"{a:1").is_err() && args_to_json(b"{a:1}x").is_err());
         let deep = [vec![b'['; 200], vec![b']'; 200]].concat();
         assert!(args_to_json(&deep).is_err(), "bounded nesting");

@@ -263,7 +263,16 @@ impl Constraint {
             self.closing = self.closing_path(left.min(CLOSING_MAX));
             self.since_closing = 0;
         }
-        self.mask = Some(self.matcher.compute_mask().map_err(|e| e.to_string()));
+        let mut mask = self.matcher.compute_mask().map_err(|e| e.to_string());
+        if let Ok(m) = &mut mask {
+            // a twin of an allowed token is allowed: its bytes are the same
+            for (&t, &c) in self.plan.twins.iter() {
+                if in_mask(m, c) && (t as usize) < m.len() {
+                    m.allow_token(t);
+                }
+            }
+        }
+        self.mask = Some(mask);
     }
 
     /// Close enough to the end of the budget (`left` tokens) that every token is checked.
@@ -330,13 +339,18 @@ impl Constraint {
                 path.extend(forced);
                 continue;
             }
-            let mask = m.compute_mask().ok()?;
+            // Each closer is tried on its own (a token's check, not a whole mask).
             let fresh = |t: u32| (!bound_enders && self.plan.enders.contains(&t)) || path.iter().filter(|&&p| p == t).count() < CLOSING_REPEATS;
             let quote = self.plan.enders.first().copied();
             let order = self.plan.closers.iter().copied().filter(|&t| !(close_first && Some(t) == quote)).chain(quote.filter(|_| close_first));
-            let t = order.into_iter().find(|&t| in_mask(&mask, t) && fresh(t))?;
-            m.consume_token(t).ok()?;
-            path.push(t);
+            let mut taken = None;
+            for t in order.filter(|&t| fresh(t)) {
+                if m.try_consume_tokens(&[t]).ok()? == 1 {
+                    taken = Some(t);
+                    break;
+                }
+            }
+            path.push(taken?);
         }
     }
 
@@ -352,8 +366,7 @@ impl Constraint {
     /// Whether `token` may come next (tokens past the vocabulary never may): the mask allows
     /// it, or its twin with the same bytes. `compute_mask` must have run.
     pub fn allows(&self, token: u32) -> bool {
-        let Some(Ok(mask)) = &self.mask else { return false };
-        in_mask(mask, token) || in_mask(mask, self.plan.canonical(token))
+        matches!(&self.mask, Some(Ok(mask)) if in_mask(mask, token))
     }
 
     /// The grammar is complete: nothing but the end of the turn may follow.
@@ -364,10 +377,7 @@ impl Constraint {
 
     /// Advances past a sampled (allowed, non-EOS) token.
     pub fn consume(&mut self, token: u32) -> Result<(), String> {
-        let known = match &self.mask {
-            Some(Ok(m)) if in_mask(m, token) => token,
-            _ => self.plan.canonical(token),
-        };
+        let known = self.plan.canonical(token);
         if self.committed.last() == Some(&token) {
             self.committed.pop();
         } else {
@@ -376,6 +386,19 @@ impl Constraint {
         self.mask = None;
         self.matcher.consume_token(known).map_err(|e| e.to_string())
     }
+}
+
+/// Runs `forward` while the pending masks of `constraints` (each with its tokens of budget
+/// left) are computed on one other thread: the mask of a sequence's next token is ready when
+/// the forward that produces its logits is.
+pub fn masks_beside<R>(constraints: Vec<(&mut Constraint, usize)>, forward: impl FnOnce() -> R) -> R {
+    let pending: Vec<_> = constraints.into_iter().filter(|(c, _)| c.mask_pending()).collect();
+    std::thread::scope(|s| {
+        if !pending.is_empty() {
+            s.spawn(move || pending.into_iter().for_each(|(c, left)| c.compute_mask(left)));
+        }
+        forward()
+    })
 }
 
 fn in_mask(mask: &SimpleVob, token: u32) -> bool {

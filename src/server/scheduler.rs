@@ -198,12 +198,8 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     let t0 = Instant::now();
     // The first mask is computed while the prompt is prefilled.
     let mut constraint = job.grammar.as_ref().map(|g| g.compiled.constraint());
-    let prefilled = std::thread::scope(|s| {
-        if let Some(c) = constraint.as_mut() {
-            s.spawn(|| c.compute_mask(job.max_tokens));
-        }
-        engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel))
-    });
+    let pending = constraint.iter_mut().map(|c| (c, job.max_tokens)).collect();
+    let prefilled = crate::constrain::masks_beside(pending, || engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel)));
     Stats::add_time(&stats.prefill_us, t0);
     let logits = match prefilled {
         Ok(mut l) => l.pop().expect("one row"),
@@ -279,13 +275,8 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     }
     let pairs: Vec<(usize, u32)> = active.iter().map(|seq| (seq.stream, seq.next)).collect();
     let t0 = Instant::now();
-    let decoded = std::thread::scope(|s| {
-        let pending: Vec<(&mut Constraint, usize)> = active.iter_mut().filter_map(|seq| Some((seq.constraint.as_mut()?, seq.job.max_tokens - seq.generated))).filter(|(c, _)| c.mask_pending()).collect();
-        if !pending.is_empty() {
-            s.spawn(move || pending.into_iter().for_each(|(c, left)| c.compute_mask(left)));
-        }
-        engine.decode(&pairs)
-    });
+    let constraints = active.iter_mut().filter_map(|seq| Some((seq.constraint.as_mut()?, seq.job.max_tokens - seq.generated))).collect();
+    let decoded = crate::constrain::masks_beside(constraints, || engine.decode(&pairs));
     Stats::add_time(&stats.decode_us, t0);
     stats.decode_steps.fetch_add(1, Ordering::Relaxed);
     stats.decode_rows.fetch_add(pairs.len(), Ordering::Relaxed);
