@@ -2,7 +2,7 @@
 //! transformers' `HrmTextConfig` reads them (same defaults), checked before any tensor is read.
 
 use super::ConvertError;
-use crate::arch::HParams;
+use crate::engine::arch::HParams;
 use serde_json::Value;
 use std::path::Path;
 

@@ -10,7 +10,7 @@ pub mod config;
 pub mod plan;
 pub mod vocab;
 
-use crate::arch::{self, key};
+use crate::engine::arch::{self, key};
 use crate::ggml::gguf::{GgufBuilder, GgufError};
 use crate::ggml::{encode_rows, GgmlType};
 use checkpoint::{Checkpoint, SrcType};

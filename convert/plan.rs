@@ -6,7 +6,7 @@
 
 use super::checkpoint::{Checkpoint, SourceTensor};
 use super::ConvertError;
-use crate::arch::{self, HParams, LayerWeight, TensorSpec};
+use crate::engine::arch::{self, HParams, LayerWeight, TensorSpec};
 use crate::ggml::{GgmlType, Shape};
 use std::collections::BTreeSet;
 

@@ -1,23 +1,19 @@
 //! frigg: an inference engine for HRM-Text (DFM-Mimir) on ggml.
+//!
+//! Layers, each importing only those below it:
+//! `serve` (the OpenAI-compatible server), `tools` (benchmarks, parity, eval, inspect) and
+//! `convert` (checkpoint to GGUF) → `generate` (sequences, sampling, constrained decoding) →
+//! `engine` (the model, its KV cache and forwards) and `text` (tokenizer, chat template) →
+//! `ggml` (the one safe wrapper over ggml and the C extension in `ggml-ext/`).
 
-pub mod arch;
-pub mod bench;
 #[path = "../convert/mod.rs"]
 pub mod convert;
 pub mod engine;
-pub mod eval;
 pub mod generate;
 pub mod ggml;
-pub mod hugepages;
-pub mod inspect;
-pub mod loadgen;
-pub mod model;
-pub mod parity;
-pub mod sampler;
-pub mod server;
-pub mod tokenizer;
-pub mod chat;
-pub mod constrain;
+pub mod serve;
+pub mod text;
+pub mod tools;
 
 /// frigg's version, ggml's version and the compute backends compiled in.
 pub fn long_version() -> String {

@@ -75,7 +75,7 @@ fn split_f32_reads_back_bit_exactly() {
     convert_to(&ckpt("tiny-split"), &out, OutType::F32);
     let src = load_source(&ckpt("tiny-split"));
     let g = GgufFile::open(&out).unwrap();
-    let hp = frigg::arch::HParams::from_gguf(&g).unwrap();
+    let hp = frigg::engine::arch::HParams::from_gguf(&g).unwrap();
     let tensors = g.tensors();
     assert_eq!(tensors.len(), 3 + 16 * hp.layers_per_stack as usize);
     for t in &tensors {
@@ -120,7 +120,7 @@ fn every_fixture_converts_at_f32_and_reads_back_bit_exactly() {
         convert_to(&ckpt(fixture), &out, OutType::F32);
         let src = load_source(&ckpt(fixture));
         let g = GgufFile::open(&out).unwrap();
-        let lps = frigg::arch::HParams::from_gguf(&g).unwrap().layers_per_stack;
+        let lps = frigg::engine::arch::HParams::from_gguf(&g).unwrap().layers_per_stack;
         for t in g.tensors() {
             assert_eq!(t.ty, GgmlType::F32);
             let want = expected(&src, &t.name, lps);
@@ -144,7 +144,7 @@ fn packed_and_split_give_identical_tensors() {
         assert!(tensor_bytes(&a, x) == tensor_bytes(&b, y), "{} differs between layouts", x.name);
     }
     // Same hyperparameters from both config forms (Mimir's per-stack count, transformers' expanded one).
-    assert_eq!(frigg::arch::HParams::from_gguf(&ga).unwrap(), frigg::arch::HParams::from_gguf(&gb).unwrap());
+    assert_eq!(frigg::engine::arch::HParams::from_gguf(&ga).unwrap(), frigg::engine::arch::HParams::from_gguf(&gb).unwrap());
 }
 
 #[test]
@@ -165,7 +165,7 @@ fn bf16_checkpoint_to_bf16_is_a_byte_copy_and_sharded_input_works() {
     let sharded = dir.path().join("small.gguf");
     let r = convert_to(&ckpt("small-h3l2-packed"), &sharded, OutType::F32);
     let g = GgufFile::open(&sharded).unwrap();
-    let hp = frigg::arch::HParams::from_gguf(&g).unwrap();
+    let hp = frigg::engine::arch::HParams::from_gguf(&g).unwrap();
     assert_eq!((hp.h_cycles, hp.l_cycles, hp.layers_per_stack, hp.n_slots()), (3, 2, 3, 27));
     assert_eq!(r.n_tensors, g.tensors().len());
 }
@@ -181,7 +181,7 @@ fn quantized_types_read_back_within_their_format_error() {
         let out = dir.path().join(format!("{name}.gguf"));
         convert_to(&ckpt("tiny-split"), &out, ty);
         let g = GgufFile::open(&out).unwrap();
-        let hp = frigg::arch::HParams::from_gguf(&g).unwrap();
+        let hp = frigg::engine::arch::HParams::from_gguf(&g).unwrap();
         for t in g.tensors() {
             let vals = &src[&split_source(&t.name, hp.layers_per_stack)].1;
             let got = decode_tensor(&out, &t);

@@ -5,8 +5,8 @@ mod common;
 use common::*;
 use frigg::convert::OutType;
 use frigg::engine::{Engine, EngineError, EngineOptions, Rows};
-use frigg::model::KvType;
-use frigg::parity::argmax;
+use frigg::engine::KvType;
+use frigg::tools::parity::argmax;
 
 fn prompts() -> Vec<Vec<u32>> {
     let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();

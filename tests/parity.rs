@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use frigg::convert::OutType;
 use frigg::engine::{Engine, EngineOptions};
-use frigg::model::KvType;
-use frigg::parity::{compare, run_case, Case, Golden};
+use frigg::engine::KvType;
+use frigg::tools::parity::{compare, run_case, Case, Golden};
 
 fn load_cases(name: &str) -> Vec<(Case, Golden)> {
     let text = std::fs::read_to_string(fixtures().join("goldens").join(format!("{name}.jsonl"))).unwrap();
@@ -48,7 +48,7 @@ fn f32_tier_matches_transformers_on_every_fixture() {
 /// worst measured max |Δlogit|; argmax floors at the measured minimum).
 #[test]
 fn bf16_and_q8_0_tiers_stay_within_their_derived_bounds() {
-    use frigg::parity::{run_tier, TIERS};
+    use frigg::tools::parity::{run_tier, TIERS};
     for fixture in ["tiny-packed", "tiny-split", "tiny-packed-bf16", "small-h3l2-packed"] {
         let goldens = fixtures().join("goldens").join(format!("{fixture}.jsonl"));
         for (tier, max_diff, min_argmax) in [(TIERS[1], 0.08f32, 17usize), (TIERS[2], 0.27, 15)] {

@@ -8,8 +8,8 @@ use frigg::convert::OutType;
 use frigg::engine::{Engine, EngineOptions, Rows};
 use frigg::ggml::fill_mask;
 use frigg::ggml::gguf::GgufFile;
-use frigg::model::KvType;
-use frigg::tokenizer::{StreamDecoder, Tokenizer};
+use frigg::engine::KvType;
+use frigg::text::{StreamDecoder, Tokenizer};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 

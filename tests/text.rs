@@ -3,10 +3,10 @@
 mod common;
 
 use common::*;
-use frigg::chat::ChatTemplate;
+use frigg::text::chat::ChatTemplate;
 use frigg::convert::OutType;
 use frigg::ggml::gguf::GgufFile;
-use frigg::tokenizer::{StreamDecoder, Tokenizer};
+use frigg::text::{StreamDecoder, Tokenizer};
 use serde_json::Value;
 
 fn fixture_tokenizer(mistral: bool) -> (tempfile::TempDir, Tokenizer, GgufFile) {

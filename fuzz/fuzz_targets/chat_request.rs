@@ -8,19 +8,19 @@ use std::sync::OnceLock;
 const TEMPLATE: &str = include_str!("../../tests/fixtures/tokenizer/chat_template.jinja");
 const TOKENIZER: &str = include_str!("../../tests/fixtures/tokenizer/tokenizer.json");
 
-fn tools() -> &'static (frigg::chat::ChatTemplate, frigg::tokenizer::Tokenizer) {
-    static T: OnceLock<(frigg::chat::ChatTemplate, frigg::tokenizer::Tokenizer)> = OnceLock::new();
+fn tools() -> &'static (frigg::text::chat::ChatTemplate, frigg::text::Tokenizer) {
+    static T: OnceLock<(frigg::text::chat::ChatTemplate, frigg::text::Tokenizer)> = OnceLock::new();
     T.get_or_init(|| {
         (
-            frigg::chat::ChatTemplate::new(TEMPLATE, "<bos>", "<eos>").unwrap(),
-            frigg::tokenizer::Tokenizer::from_json(TOKENIZER, Some(2), vec![1, 106], false, false).unwrap(),
+            frigg::text::chat::ChatTemplate::new(TEMPLATE, "<bos>", "<eos>").unwrap(),
+            frigg::text::Tokenizer::from_json(TOKENIZER, Some(2), vec![1, 106], false, false).unwrap(),
         )
     })
 }
 
 fuzz_target!(|data: &[u8]| {
     let (tmpl, tok) = tools();
-    if let Ok(p) = frigg::server::api::parse(data, frigg::server::api::Kind::Chat, 1280) {
+    if let Ok(p) = frigg::serve::api::parse(data, frigg::serve::api::Kind::Chat, 1280) {
         let tools = (!p.tools.is_empty()).then_some(p.tools.as_slice());
         let _ = tmpl.encode(tok, p.messages.as_deref().unwrap_or_default(), tools, true);
     }

@@ -10,9 +10,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(g) = frigg::ggml::gguf::GgufFile::open(&path) {
         let _ = g.metadata();
         let _ = g.tensors();
-        if let Ok(hp) = frigg::arch::HParams::from_gguf(&g) {
+        if let Ok(hp) = frigg::engine::arch::HParams::from_gguf(&g) {
             let _ = hp.tensor_specs(true);
         }
-        let _ = frigg::inspect::inspect(&path);
+        let _ = frigg::tools::inspect::inspect(&path);
     }
 });

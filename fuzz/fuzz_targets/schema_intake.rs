@@ -3,7 +3,7 @@
 //! Gemma's argument syntax, then llguidance's Lark compiler). Either a grammar or an error
 //! comes back, never a crash or a hang (the compiler's work is bounded: `Grammars::new`).
 #![no_main]
-use frigg::constrain::{Grammars, Spec, ToolChoice, ToolDecl, ToolTokens};
+use frigg::generate::constrain::{Grammars, Spec, ToolChoice, ToolDecl, ToolTokens};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
@@ -12,7 +12,7 @@ const TOKENIZER: &str = include_str!("../../tests/fixtures/tokenizer/tokenizer.j
 fn grammars() -> &'static Grammars {
     static G: OnceLock<Grammars> = OnceLock::new();
     G.get_or_init(|| {
-        let tok = frigg::tokenizer::Tokenizer::from_json(TOKENIZER, Some(2), vec![1, 106], false, false).unwrap();
+        let tok = frigg::text::Tokenizer::from_json(TOKENIZER, Some(2), vec![1, 106], false, false).unwrap();
         Grammars::new(&tok.tok_env()).unwrap()
     })
 }

@@ -1,7 +1,7 @@
 //! Arbitrary token ids and stop strings through the streaming detokenizer: pieces never
 //! contain a stop string and concatenate to the one-shot decode cut at the first stop.
 #![no_main]
-use frigg::tokenizer::{StreamDecoder, Tokenizer};
+use frigg::text::{StreamDecoder, Tokenizer};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

@@ -2,7 +2,7 @@
 //! follows any token sequence, and `args_to_json` parses or refuses any bytes, never crashing
 //! (the grammar guarantees well-formed calls; these two must not trust it).
 #![no_main]
-use frigg::constrain::gemma::{args_to_json, CallTracker, ToolTokens};
+use frigg::generate::constrain::gemma::{args_to_json, CallTracker, ToolTokens};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -224,7 +224,7 @@ impl Buffer {
         unsafe {
             if sys::ggml_backend_buffer_is_host(self.ptr.as_ptr()) {
                 let base = sys::ggml_backend_buffer_get_base(self.ptr.as_ptr()) as *mut u8;
-                crate::hugepages::advise(base, self.size());
+                crate::ggml::hugepages::advise(base, self.size());
             }
         }
     }

@@ -3,6 +3,7 @@
 
 pub mod compute;
 pub mod gguf;
+pub mod hugepages;
 pub mod llama;
 
 pub use llama_cpp_sys_2 as sys;

@@ -7,7 +7,7 @@
 //! wrong type (`"include_usage": "yes"`) or a missing required field is a 400 whose `param`
 //! is the field's path. An explicit `null` is the default, as in OpenAI's API.
 
-use crate::sampler::SamplingParams;
+use crate::generate::sampler::SamplingParams;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -69,7 +69,7 @@ pub struct Parsed {
     /// `response_format` beyond text: json_object, json_schema, and frigg's regex and grammar.
     pub format: Option<Format>,
     /// Each tool's name, schema and strictness, for the call grammar.
-    pub tool_decls: Vec<crate::constrain::ToolDecl>,
+    pub tool_decls: Vec<crate::generate::constrain::ToolDecl>,
 }
 
 /// A constrained `response_format`.
@@ -431,7 +431,7 @@ pub fn parse(body: &[u8], kind: Kind, n_vocab: usize) -> Result<Parsed, ApiError
         return Err(ApiError::invalid("`stop` cannot be combined with a constrained `response_format`: the reply is complete in its format", Some("stop")));
     }
     if let Some(tools) = w.tools {
-        p.tool_decls = tools.iter().map(|t| crate::constrain::ToolDecl { name: t.function.name.clone(), parameters: t.function.parameters.clone(), strict: t.function.strict != Some(false) }).collect();
+        p.tool_decls = tools.iter().map(|t| crate::generate::constrain::ToolDecl { name: t.function.name.clone(), parameters: t.function.parameters.clone(), strict: t.function.strict != Some(false) }).collect();
         p.tools = parse_tools(tools)?;
     }
     let tool_choice = w.tool_choice.as_ref().map(parse_tool_choice).transpose()?;

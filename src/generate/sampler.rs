@@ -203,7 +203,7 @@ impl Sampler {
             return self.draw_where(logits, |_| true).unwrap_or(Choice { token: 0, logprob: 0.0 });
         }
         if self.params.is_greedy() {
-            let token = crate::parity::argmax(logits);
+            let token = crate::tools::parity::argmax(logits);
             return Choice { token, logprob: log_softmax_at(logits, token as usize, 1.0) };
         }
         let probs = self.distribution(logits);

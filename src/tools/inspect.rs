@@ -1,6 +1,6 @@
 //! `frigg inspect`: what a GGUF holds and whether frigg can run it.
 
-use crate::arch::{self, key, HParams};
+use crate::engine::arch::{self, key, HParams};
 use crate::ggml::gguf::{GgufError, GgufFile, TensorInfo, Value};
 use serde_json::json;
 use std::path::Path;

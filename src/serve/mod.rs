@@ -11,10 +11,10 @@ pub mod api;
 pub mod metrics;
 pub mod scheduler;
 
-use crate::chat::ChatTemplate;
+use crate::text::chat::ChatTemplate;
 use crate::engine::{Engine, EngineOptions};
 use crate::generate::Finish;
-use crate::tokenizer::Tokenizer;
+use crate::text::Tokenizer;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::{ConnectionType, Method, StatusCode, Version};
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
@@ -93,7 +93,7 @@ struct State {
     api_key: Option<String>,
     metrics_need_key: bool,
     /// Compiles requests' constraints over the model's vocabulary.
-    grammars: crate::constrain::Grammars,
+    grammars: crate::generate::constrain::Grammars,
     http: HttpMetrics,
     next_id: AtomicU64,
 }
@@ -381,7 +381,7 @@ async fn prepare(st: &State, req: &HttpRequest, payload: web::Payload, kind: Kin
 
 /// The request's constraint, compiled: its response format, or its tools' call grammar.
 fn grammar(st: &State, p: &api::Parsed) -> Result<Option<scheduler::Grammar>, ApiError> {
-    use crate::constrain::{Spec, ToolChoice, ToolTokens};
+    use crate::generate::constrain::{Spec, ToolChoice, ToolTokens};
     let (spec, param) = match &p.format {
         Some(api::Format::JsonObject) => (Spec::JsonObject, "response_format"),
         Some(api::Format::JsonSchema(s)) => (Spec::JsonSchema(s.clone()), "response_format.json_schema.schema"),
@@ -750,7 +750,7 @@ fn merge_logprobs(kind: Kind, parts: Vec<Value>) -> Value {
 }
 
 /// Memory the engine will allocate for its KV cache (checked before allocating).
-pub fn kv_bytes(hp: &crate::arch::HParams, n_ctx: usize, slots: usize, kv: crate::model::KvType) -> u64 {
+pub fn kv_bytes(hp: &crate::engine::arch::HParams, n_ctx: usize, slots: usize, kv: crate::engine::KvType) -> u64 {
     let row = kv.ggml().row_bytes(hp.n_embd_attn() as u64);
     2 * hp.n_slots() as u64 * ((n_ctx + 1) * slots) as u64 * row
 }
@@ -767,7 +767,7 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         return Err("--api-key: the key is empty".into());
     }
     let g = crate::ggml::gguf::GgufFile::open(&o.model).map_err(|e| e.to_string())?;
-    let hp = crate::arch::HParams::from_gguf(&g).map_err(|e| e.to_string())?;
+    let hp = crate::engine::arch::HParams::from_gguf(&g).map_err(|e| e.to_string())?;
     let n_ctx = if o.engine.n_ctx == 0 { hp.n_ctx_train as usize } else { o.engine.n_ctx };
     if n_ctx > hp.n_ctx_train as usize {
         return Err(format!("--ctx {n_ctx} exceeds the model's context length {}", hp.n_ctx_train));
@@ -794,7 +794,7 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         eprintln!("frigg serve: {} replicas ({} in host memory): ≈ {:.2} GiB of host memory in all", o.devices.len(), host_replicas, (need * host_replicas) as f64 / (1u64 << 30) as f64);
     }
     let need = need * host_replicas;
-    if let Some(avail) = crate::bench::meminfo_bytes("MemAvailable") {
+    if let Some(avail) = crate::tools::bench::meminfo_bytes("MemAvailable") {
         if need + need / 10 > avail {
             return Err(format!(
                 "this configuration needs about {:.2} GiB (+10% headroom) but {:.2} GiB is available; lower --slots, --ctx or use --kv-type q8_0",
@@ -808,7 +808,7 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
     drop(g);
     // llguidance's view of the vocabulary, built while the engines load.
     let tok3 = tok.clone();
-    let grammars = std::thread::spawn(move || crate::constrain::Grammars::new(&tok3.tok_env()));
+    let grammars = std::thread::spawn(move || crate::generate::constrain::Grammars::new(&tok3.tok_env()));
 
     let devices: Vec<Option<Option<usize>>> = if o.devices.is_empty() { vec![None] } else { o.devices.iter().map(|d| Some(*d)).collect() };
     let mut replicas = vec![];

@@ -2,12 +2,12 @@
 //! between decode steps, so running streams are never starved), decodes every active sequence
 //! in one batched step, and sends each piece of text back as soon as it is final.
 
-use crate::constrain::{CallEvent, CallTracker, Compiled, Constraint, ToolTokens};
+use crate::generate::constrain::{CallEvent, CallTracker, Compiled, Constraint, ToolTokens};
 use crate::engine::{Engine, EngineError, Rows};
 use crate::ggml::compute::{Cancel, ComputeError};
 use crate::generate::Finish;
-use crate::sampler::{Sampler, SamplingParams};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::generate::sampler::{Sampler, SamplingParams};
+use crate::text::{StreamDecoder, Tokenizer};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -199,7 +199,7 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     // The first mask is computed while the prompt is prefilled.
     let mut constraint = job.grammar.as_ref().map(|g| g.compiled.constraint());
     let pending = constraint.iter_mut().map(|c| (c, job.max_tokens)).collect();
-    let prefilled = crate::constrain::masks_beside(pending, || engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel)));
+    let prefilled = crate::generate::constrain::masks_beside(pending, || engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel)));
     Stats::add_time(&stats.prefill_us, t0);
     let logits = match prefilled {
         Ok(mut l) => l.pop().expect("one row"),
@@ -276,7 +276,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     let pairs: Vec<(usize, u32)> = active.iter().map(|seq| (seq.stream, seq.next)).collect();
     let t0 = Instant::now();
     let constraints = active.iter_mut().filter_map(|seq| Some((seq.constraint.as_mut()?, seq.job.max_tokens - seq.generated))).collect();
-    let decoded = crate::constrain::masks_beside(constraints, || engine.decode(&pairs));
+    let decoded = crate::generate::constrain::masks_beside(constraints, || engine.decode(&pairs));
     Stats::add_time(&stats.decode_us, t0);
     stats.decode_steps.fetch_add(1, Ordering::Relaxed);
     stats.decode_rows.fetch_add(pairs.len(), Ordering::Relaxed);
@@ -335,7 +335,7 @@ fn advance(seq: &mut Seq, tok: &Tokenizer, stats: &Stats) -> Next {
                     seq.logits[c.token as usize] = refused;
                 }
             }
-            let fallback = || con.closing_first().filter(|&t| con.allows(t)).map(|token| crate::sampler::Choice { token, logprob: 0.0 }).or(first);
+            let fallback = || con.closing_first().filter(|&t| con.allows(t)).map(|token| crate::generate::sampler::Choice { token, logprob: 0.0 }).or(first);
             match choice.or_else(|| if tries > 0 { fallback() } else { None }) {
                 Some(c) => c,
                 // Only the end of the turn is allowed, and ignore_eos refuses it: the reply is complete.
@@ -410,8 +410,8 @@ fn advance(seq: &mut Seq, tok: &Tokenizer, stats: &Stats) -> Next {
         return Next::Token(c.token);
     }
     if let Some(k) = seq.job.logprobs {
-        let lse = crate::sampler::logsumexp(&seq.logits);
-        let top = if k > 0 { crate::parity::top_k(&seq.logits, k).into_iter().map(|(id, l)| (id, l - lse)).collect() } else { vec![] };
+        let lse = crate::generate::sampler::logsumexp(&seq.logits);
+        let top = if k > 0 { crate::tools::parity::top_k(&seq.logits, k).into_iter().map(|(id, l)| (id, l - lse)).collect() } else { vec![] };
         seq.pending.push(TokenLogprob { token: c.token, logprob: seq.logits[c.token as usize] - lse, top });
     }
     let stop_hit = match seq.decoder.push(tok, c.token) {

@@ -408,7 +408,7 @@ fn in_mask(mask: &SimpleVob, token: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::Tokenizer;
+    use crate::text::Tokenizer;
 
     fn tok() -> Tokenizer {
         let json = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer/tokenizer.json")).unwrap();

@@ -66,7 +66,7 @@ pub struct LoadReport {
     pub aggregate_tok_s: f64,
     pub ttft_p50_s: f64,
     pub ttft_p95_s: f64,
-    pub machine: crate::bench::Machine,
+    pub machine: crate::tools::bench::Machine,
     pub load_before: f64,
     pub load_after: f64,
     #[serde(default)]
@@ -329,7 +329,7 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
     }
     let sets = &mix_sets(slots.unwrap_or(1));
     let engine_before = EngineTime::read(&agent, &o.url);
-    let load_before = crate::bench::loadavg();
+    let load_before = crate::tools::bench::loadavg();
     let start = Instant::now();
     let deadline = start + o.duration;
     let clients_done = std::sync::atomic::AtomicBool::new(false);
@@ -421,9 +421,9 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
         aggregate_tok_s: completion_tokens as f64 / wall,
         ttft_p50_s: percentile(&mut ttfts, 0.5),
         ttft_p95_s: percentile(&mut ttfts, 0.95),
-        machine: crate::bench::machine(),
+        machine: crate::tools::bench::machine(),
         load_before,
-        load_after: crate::bench::loadavg(),
+        load_after: crate::tools::bench::loadavg(),
         soak,
         engine,
     })
@@ -538,7 +538,7 @@ mod tests {
                 "label": label, "url": "http://127.0.0.1:1", "streams": 16, "duration_s": 120.0, "wall_s": 200.0,
                 "server_slots": slots, "requests": 1, "complete": 1, "errors": 0, "error_samples": [],
                 "prompt_tokens": 1, "completion_tokens": 1, "aggregate_tok_s": tok_s, "ttft_p50_s": 0.0, "ttft_p95_s": 0.0,
-                "machine": crate::bench::machine(), "load_before": 0.0, "load_after": 0.0
+                "machine": crate::tools::bench::machine(), "load_before": 0.0, "load_after": 0.0
             }))
             .unwrap();
             r.engine = engine.map(|(p, d)| super::EngineTime { prefill_s: p, decode_s: d, decode_steps: 1, decode_rows: 1, padding_rows: None });

@@ -1,8 +1,11 @@
 //! One sequence from prompt to finish: PrefixLM prefill, sampled decode, EOS and stop strings.
 
+pub mod constrain;
+pub mod sampler;
+
 use crate::engine::{Engine, EngineError, Rows};
-use crate::sampler::{Sampler, SamplingParams};
-use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+use crate::generate::sampler::{Sampler, SamplingParams};
+use crate::text::{StreamDecoder, Tokenizer, TokenizerError};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,7 @@
 //! 5.23 tokenizes `hrm_text` and as Mimir's training data was tokenized: the raw tokenizer.json.
 //! `fix_mistral_regex` (seed 000 Finding 6) is an explicit opt-in; DESIGN.md §2 says why.
 
-use crate::arch::key;
+use crate::engine::arch::key;
 use crate::ggml::gguf::{GgufFile, Value};
 use serde_json::Value as Json;
 

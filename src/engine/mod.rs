@@ -7,10 +7,17 @@
 //! `decode` advances any set of streams by one token each in one graph; `rewind` shortens a
 //! stream for free (later cells are masked); `fork` copies a stream's cells into another.
 
-use crate::arch::HParams;
+pub mod arch;
+pub mod host;
+pub mod kv;
+pub mod weights;
+
+pub use kv::{KvCache, KvType};
+
+use crate::engine::arch::HParams;
 use crate::ggml::compute::{self, Backend, Cancel, ComputeError, Graph, Scheduler};
 use crate::ggml::{ext, fill_mask, sys};
-use crate::model::{KvCache, KvType, LoadError, Model};
+use crate::engine::weights::{LoadError, Model};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -208,7 +215,7 @@ impl Engine {
         }
         let kv = KvCache::new(&hp, n_ctx, opts.n_stream.max(1), opts.kv_type, main)?;
         // SAFETY: pure function of the hyperparameters.
-        let graph_size = unsafe { ext::hrm_graph_nodes(&crate::model::c_hparams(&hp)) } * 2;
+        let graph_size = unsafe { ext::hrm_graph_nodes(&crate::engine::weights::c_hparams(&hp)) } * 2;
         // Each scheduler ends with its own CPU backend (ggml requires the CPU last).
         let n = backends.len();
         let gpu: Vec<&Backend> = backends[..n - 2].iter().collect();

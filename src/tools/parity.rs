@@ -159,14 +159,14 @@ pub fn compare(r: &CaseResult, g: &Golden, eps: f32) -> Comparison {
 pub struct Tier {
     pub name: &'static str,
     pub weights: crate::convert::OutType,
-    pub kv: crate::model::KvType,
+    pub kv: crate::engine::KvType,
 }
 
 pub const TIERS: [Tier; 4] = [
-    Tier { name: "f32", weights: crate::convert::OutType::F32, kv: crate::model::KvType::F32 },
-    Tier { name: "bf16", weights: crate::convert::OutType::Bf16, kv: crate::model::KvType::F16 },
-    Tier { name: "q8_0", weights: crate::convert::OutType::Q8_0, kv: crate::model::KvType::F16 },
-    Tier { name: "q4_0", weights: crate::convert::OutType::Q4_0, kv: crate::model::KvType::F16 },
+    Tier { name: "f32", weights: crate::convert::OutType::F32, kv: crate::engine::KvType::F32 },
+    Tier { name: "bf16", weights: crate::convert::OutType::Bf16, kv: crate::engine::KvType::F16 },
+    Tier { name: "q8_0", weights: crate::convert::OutType::Q8_0, kv: crate::engine::KvType::F16 },
+    Tier { name: "q4_0", weights: crate::convert::OutType::Q4_0, kv: crate::engine::KvType::F16 },
 ];
 
 /// A tier's agreement with the goldens of one fixture.

@@ -4,51 +4,12 @@
 
 use crate::engine::{Engine, EngineOptions, Rows};
 use crate::ggml::llama::LlamaPeer;
-use crate::model::KvType;
-use crate::parity::argmax;
+use crate::engine::KvType;
+use crate::tools::parity::argmax;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// The machine a figure was measured on.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct Machine {
-    pub cpu: String,
-    pub cores: usize,
-    pub mem_gib: f64,
-    pub cpu_flags: Vec<String>,
-}
-
-pub fn machine() -> Machine {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string());
-    let flags = field("flags").unwrap_or_default();
-    let wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "f16c", "fma"];
-    Machine {
-        cpu: field("model name").unwrap_or_else(|| "unknown".into()),
-        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        mem_gib: meminfo_bytes("MemTotal").unwrap_or(0) as f64 / (1u64 << 30) as f64,
-        cpu_flags: flags.split_whitespace().filter(|f| wanted.contains(f)).map(str::to_string).collect(),
-    }
-}
-
-/// A /proc/meminfo field ("MemTotal", "MemAvailable", …) in bytes.
-pub fn meminfo_bytes(field: &str) -> Option<u64> {
-    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = m.lines().find(|l| l.split(':').next() == Some(field))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// The first GPU's temperature in °C, from `nvidia-smi` (None without one).
-pub fn gpu_temperature() -> Option<f64> {
-    let out = std::process::Command::new("nvidia-smi").args(["--query-gpu=temperature.gpu", "--format=csv,noheader,nounits", "--id=0"]).output().ok()?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
-}
-
-/// The 1-minute load average.
-pub fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok())).unwrap_or(-1.0)
-}
+pub use crate::engine::host::{gpu_temperature, loadavg, machine, meminfo_bytes, Machine};
 
 #[derive(Debug, Clone)]
 pub struct CompareOptions {
@@ -234,7 +195,7 @@ pub fn bandwidth(threads: usize, bytes: usize, reps: usize) -> f64 {
     let words = bytes / 8;
     // backed as frigg backs its weights (huge pages unless FRIGG_HUGE_PAGES=0): same page walks
     let mut buf: Vec<u64> = Vec::with_capacity(words);
-    crate::hugepages::advise(buf.as_mut_ptr().cast(), words * 8);
+    crate::ggml::hugepages::advise(buf.as_mut_ptr().cast(), words * 8);
     buf.extend((0..words as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
     let chunk = words.div_ceil(threads.max(1));
     let mut best = 0.0f64;
@@ -289,7 +250,7 @@ pub struct Ceiling {
 
 pub fn ceiling(model: &Path, n_ctx: usize, kv: KvType, bandwidth_bytes_s: f64) -> Result<Ceiling, String> {
     let g = crate::ggml::gguf::GgufFile::open(model).map_err(|e| e.to_string())?;
-    let hp = crate::arch::HParams::from_gguf(&g).map_err(|e| e.to_string())?;
+    let hp = crate::engine::arch::HParams::from_gguf(&g).map_err(|e| e.to_string())?;
     let tensors = g.tensors();
     let lps = hp.layers_per_stack;
     let stack = |range: std::ops::Range<u32>| -> u64 {
@@ -297,7 +258,7 @@ pub fn ceiling(model: &Path, n_ctx: usize, kv: KvType, bandwidth_bytes_s: f64) -
     };
     let l_stack_bytes = stack(0..lps);
     let h_stack_bytes = stack(lps..2 * lps);
-    let lm_head_bytes = tensors.iter().find(|t| t.name == crate::arch::OUTPUT).or_else(|| tensors.iter().find(|t| t.name == crate::arch::TOKEN_EMBD)).map(|t| t.size).unwrap_or(0);
+    let lm_head_bytes = tensors.iter().find(|t| t.name == crate::engine::arch::OUTPUT).or_else(|| tensors.iter().find(|t| t.name == crate::engine::arch::TOKEN_EMBD)).map(|t| t.size).unwrap_or(0);
     let kv_bytes = 2 * hp.n_slots() as u64 * n_ctx as u64 * kv.ggml().row_bytes((hp.n_head_kv * hp.head_dim) as u64);
     let (l_passes, h_passes) = ((hp.l_cycles * hp.h_cycles) as u64, hp.h_cycles as u64);
     let total = l_stack_bytes * l_passes + h_stack_bytes * h_passes + lm_head_bytes + kv_bytes;
@@ -571,7 +532,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                             load_after: loadavg(),
                             machine: machine(),
                             llama,
-                            huge_page_mib: crate::hugepages::process_huge_bytes().map(|b| b >> 20),
+                            huge_page_mib: crate::ggml::hugepages::process_huge_bytes().map(|b| b >> 20),
                             gpu_temp_c: temp_before.zip(if o.gpu { gpu_temperature() } else { None }).map(|(a, b)| [a, b]),
                         };
                         on_cell(&cell);
@@ -674,10 +635,10 @@ pub struct GrammarCell {
 /// `steps` decode steps from `context` filled positions, each stream sampling its next token
 /// from the logits (under its mask in the constrained arm, a finished reply starting again).
 pub fn grammar(o: &GrammarOptions) -> Result<Vec<GrammarCell>, String> {
-    use crate::constrain::{masks_beside, Grammars, Spec};
-    use crate::sampler::{Sampler, SamplingParams};
+    use crate::generate::constrain::{masks_beside, Grammars, Spec};
+    use crate::generate::sampler::{Sampler, SamplingParams};
     let g = crate::ggml::gguf::GgufFile::open(&o.model).map_err(|e| e.to_string())?;
-    let tok = crate::tokenizer::Tokenizer::from_gguf(&g, false).map_err(|e| e.to_string())?;
+    let tok = crate::text::Tokenizer::from_gguf(&g, false).map_err(|e| e.to_string())?;
     drop(g);
     let t0 = Instant::now();
     let grammars = Grammars::new(&tok.tok_env())?;

@@ -7,7 +7,7 @@
 //! is tokenized as text, so one user cannot forge another turn.
 
 use crate::ggml::gguf::GgufFile;
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::text::{Tokenizer, TokenizerError};
 use serde_json::Value;
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,7 @@ impl ChatTemplate {
     /// The template a `frigg convert` GGUF carries (`tokenizer.chat_template`), with the
     /// tokenizer's BOS and first EOS as `bos_token`/`eos_token`; None when it has none.
     pub fn from_gguf(g: &GgufFile, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
-        let Ok(source) = g.get_str(crate::arch::key::CHAT_TEMPLATE) else { return Ok(None) };
+        let Ok(source) = g.get_str(crate::engine::arch::key::CHAT_TEMPLATE) else { return Ok(None) };
         let bos = tok.bos.and_then(|b| tok.token_text(b)).unwrap_or_default();
         let eos = tok.eos.first().and_then(|&e| tok.token_text(e)).unwrap_or_default();
         Self::new(&source, &bos, &eos).map(Some)

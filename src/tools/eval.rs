@@ -5,13 +5,13 @@
 //! own `hrm_text` through libllama (causal: it has no PrefixLM mode). Seed 000's Finding 1,
 //! measured end to end as accuracy.
 
-use crate::chat::ChatTemplate;
+use crate::text::chat::ChatTemplate;
 use crate::engine::{Engine, EngineOptions};
 use crate::generate::{generate, Request};
 use crate::ggml::llama::LlamaPeer;
-use crate::parity::argmax;
-use crate::sampler::SamplingParams;
-use crate::tokenizer::Tokenizer;
+use crate::tools::parity::argmax;
+use crate::generate::sampler::SamplingParams;
+use crate::text::Tokenizer;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -148,7 +148,7 @@ pub fn run(o: &EvalOptions) -> Result<EvalReport, String> {
     let items = load_items(&o.data, o.limit)?;
     let g = crate::ggml::gguf::GgufFile::open(&o.model).map_err(|e| e.to_string())?;
     let tok = Tokenizer::from_gguf(&g, false).map_err(|e| e.to_string())?;
-    let source = g.get_str(crate::arch::key::CHAT_TEMPLATE).map_err(|_| format!("{}: no chat template", o.model.display()))?;
+    let source = g.get_str(crate::engine::arch::key::CHAT_TEMPLATE).map_err(|_| format!("{}: no chat template", o.model.display()))?;
     let bos = tok.bos.and_then(|b| tok.token_text(b)).unwrap_or_default();
     let eos = tok.eos.first().and_then(|&e| tok.token_text(e)).unwrap_or_default();
     let tmpl = ChatTemplate::new(&source, &bos, &eos).map_err(|e| e.to_string())?;
