@@ -185,9 +185,7 @@ fn read_header(path: &Path, file: &File, shard: usize) -> Result<Vec<SourceTenso
     if len < 8 {
         return Err(ConvertError::bad(path, format!("truncated safetensors file ({len} bytes; the header length alone is 8)")));
     }
-    // SAFETY: the mapping is read-only and private; the checkpoint is not modified while frigg
-    // converts it (as for any reader of a file another process could truncate).
-    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| ConvertError::io(path, e))?;
+    let map = crate::ggml::os::map_readonly(file).map_err(|e| ConvertError::io(path, e))?;
     let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
         use safetensors::SafeTensorError as E;
         let why = match e {

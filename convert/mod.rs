@@ -18,7 +18,6 @@ pub use plan::OutType;
 use plan::Planned;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A conversion failure; the message names the file and the field or tensor.
 #[derive(Debug, thiserror::Error)]
@@ -70,43 +69,6 @@ pub struct ConvertReport {
     /// (tensor, type) counts, e.g. ("q8_0", 130).
     pub type_counts: Vec<(String, usize)>,
     pub notes: Vec<String>,
-}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// While alive, Ctrl-C / SIGTERM set a flag instead of killing the process; the writer stops at
-/// the next block and removes its temporary file. Dropping restores the previous handlers.
-struct InterruptGuard {
-    previous: [libc::sighandler_t; 2],
-}
-
-impl InterruptGuard {
-    fn install() -> Self {
-        INTERRUPTED.store(false, Ordering::SeqCst);
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe {
-            InterruptGuard {
-                previous: [
-                    libc::signal(libc::SIGINT, on_interrupt as *const () as usize),
-                    libc::signal(libc::SIGTERM, on_interrupt as *const () as usize),
-                ],
-            }
-        }
-    }
-}
-
-impl Drop for InterruptGuard {
-    fn drop(&mut self) {
-        // SAFETY: restores the handlers that were installed before.
-        unsafe {
-            libc::signal(libc::SIGINT, self.previous[0]);
-            libc::signal(libc::SIGTERM, self.previous[1]);
-        }
-    }
 }
 
 /// Removes the temporary file unless disarmed.
@@ -172,7 +134,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     let tmp = parent.join(format!(".{file_name}.tmp-{}", std::process::id()));
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(|e| ConvertError::io(&tmp, e))?;
     let mut guard = TempGuard(Some(tmp.clone()));
-    let _interrupts = InterruptGuard::install();
+    let _interrupts = crate::ggml::os::InterruptGuard::install();
 
     let total: u64 = layout.iter().map(|(_, s)| s).sum();
     let bar = if opts.progress {
@@ -201,7 +163,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     let file = w.into_inner().map_err(|e| ConvertError::io(&tmp, e.into_error()))?;
     file.sync_all().map_err(|e| ConvertError::io(&tmp, e))?;
     drop(file);
-    if INTERRUPTED.load(Ordering::SeqCst) {
+    if crate::ggml::os::interrupted() {
         return Err(ConvertError::Interrupted);
     }
     std::fs::rename(&tmp, out).map_err(|e| ConvertError::io(out, e))?;
@@ -324,7 +286,7 @@ fn write_tensor(
     let (mut raw, mut f32s, mut out) = (Vec::new(), Vec::new(), Vec::new());
     let mut r = 0;
     while r < n_rows {
-        if INTERRUPTED.load(Ordering::SeqCst) {
+        if crate::ggml::os::interrupted() {
             return Err(ConvertError::Interrupted);
         }
         let n = block.min(n_rows - r);

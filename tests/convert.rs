@@ -302,7 +302,7 @@ fn gguf_metadata_is_complete() {
     assert_eq!(g.get_str("general.architecture").unwrap(), "hrm_text");
     assert_eq!(g.get_u32("hrm_text.block_count").unwrap(), 2 * 2 * 4);
     assert_eq!(g.get_u32("general.file_type").unwrap(), 7);
-    assert_eq!(g.get_u32("general.quantization_version").unwrap(), frigg::ggml::quantization_version());
+    assert_eq!(g.get_u32("general.quantization_version").unwrap(), frigg::ggml::ext::quantization_version());
     assert_eq!(g.get_f32("hrm_text.embedding_scale").unwrap(), 8.0);
     assert!(g.get_bool("hrm_text.hrm.prefix_lm").unwrap());
     let tok = std::fs::read_to_string(ckpt("tiny-packed").join("tokenizer.json")).unwrap();

@@ -141,7 +141,7 @@ fn loading_a_bad_gguf_is_a_clear_error() {
 /// the engine then runs the same sequence bit-identically to one that was never interrupted.
 #[test]
 fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
-    use frigg::ggml::compute::{Cancel, ComputeError};
+    use frigg::engine::Cancel;
     let (_d, mut e) = engine(OutType::Q8_0, KvType::F16, 2);
     let prompt = &prompts()[0];
     let (want_toks, want_bits) = alone(&mut e, prompt, 6);
@@ -153,7 +153,7 @@ fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
         };
         let ones = vec![1; prompt.len()];
         let r = e.prefill_cancellable(0, prompt, Some(&ones), Rows::Last, Some(&Cancel(&ask)));
-        assert!(matches!(r, Err(EngineError::Compute(ComputeError::Cancelled))), "cancel after {after} nodes: {r:?}");
+        assert!(matches!(r, Err(EngineError::Cancelled)), "cancel after {after} nodes: {r:?}");
         assert_eq!(asked.get(), after + 1, "ggml stops at the first node after cancel says yes");
         assert_eq!(e.free_stream(), Some(0), "a cancelled prefill leaves its stream free");
         assert_eq!(alone(&mut e, prompt, 6), (want_toks.clone(), want_bits.clone()));

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use frigg::convert::OutType;
 use frigg::engine::{Engine, EngineOptions, Rows};
-use frigg::ggml::fill_mask;
+use frigg::ggml::ext::fill_mask;
 use frigg::ggml::gguf::GgufFile;
 use frigg::engine::KvType;
 use frigg::text::{StreamDecoder, Tokenizer};

@@ -636,10 +636,9 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
 }
 
 pub fn main() -> ExitCode {
-    // A file-size limit (RLIMIT_FSIZE) should fail the write with an error we report, not kill
-    // the process with SIGXFSZ before the temporary file can be removed.
-    // SAFETY: setting a signal disposition to SIG_IGN at startup, before any threads exist.
-    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // A file-size limit should fail the write with an error we report, not kill the process
+    // before the temporary file can be removed.
+    frigg::ggml::os::ignore_file_size_signal();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FRIGG_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

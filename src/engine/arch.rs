@@ -145,14 +145,14 @@ impl HParams {
         self.layers_per_stack * self.h_cycles * (self.l_cycles + 1)
     }
 
-    /// Stack runs per forward (L_cycles L runs and one H run, per H cycle).
-    pub fn n_stack_runs(&self) -> u32 {
-        self.h_cycles * (self.l_cycles + 1)
-    }
-
-    /// Width of q/k/v/gate projections (`n_head * head_dim`).
+    /// Width of q/k/v/gate projections (`n_head * head_dim`), and of a KV-cache row.
     pub fn n_embd_attn(&self) -> u32 {
         self.n_head * self.head_dim
+    }
+
+    /// Bytes of a KV cache (K and V of every virtual slot) of `cells` rows of type `ty`.
+    pub fn kv_bytes(&self, cells: u64, ty: crate::ggml::GgmlType) -> u64 {
+        2 * self.n_slots() as u64 * cells * ty.row_bytes(self.n_embd_attn() as u64)
     }
 
     /// The tensor table (names and ggml shapes) this model must have, in the order frigg

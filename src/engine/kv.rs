@@ -3,7 +3,7 @@
 
 use super::arch::HParams;
 use super::weights::LoadError;
-use crate::ggml::compute::{Backend, Buffer, Context, TensorPtr};
+use crate::ggml::compute::{Arena, Backend, Tensor};
 use crate::ggml::{ext, GgmlType};
 
 /// KV-cache element types (`--kv-type`).
@@ -14,6 +14,17 @@ pub enum KvType {
     Bf16,
     #[value(name = "q8_0")]
     Q8_0,
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Bf16 => "bf16",
+            KvType::Q8_0 => "q8_0",
+        })
+    }
 }
 
 impl KvType {
@@ -34,30 +45,26 @@ pub struct KvCache {
     pub n_ctx: usize,
     pub n_stream: usize,
     pub ty: KvType,
-    k: Vec<TensorPtr>,
-    v: Vec<TensorPtr>,
-    buffer: Buffer,
-    _ctx: Context,
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    arena: Arena,
 }
-
-// SAFETY: owned by the engine thread with the model.
-unsafe impl Send for KvCache {}
 
 impl KvCache {
     pub fn new(hp: &HParams, n_ctx: usize, n_stream: usize, ty: KvType, backend: &Backend) -> Result<KvCache, LoadError> {
         let n_slots = hp.n_slots() as usize;
-        let ctx = Context::new(2 * n_slots, 0)?;
+        let mut arena = Arena::new(2 * n_slots)?;
         let width = hp.n_embd_attn() as i64;
         let rows = ((n_ctx + 1) * n_stream) as i64;
         let mut k = Vec::with_capacity(n_slots);
         let mut v = Vec::with_capacity(n_slots);
         for s in 0..n_slots {
-            k.push(ctx.new_tensor(&format!("cache_k.s{s:03}"), ty.ggml(), &[width, rows]));
-            v.push(ctx.new_tensor(&format!("cache_v.s{s:03}"), ty.ggml(), &[width, rows]));
+            k.push(arena.tensor(&format!("cache_k.s{s:03}"), ty.ggml(), &[width, rows]));
+            v.push(arena.tensor(&format!("cache_v.s{s:03}"), ty.ggml(), &[width, rows]));
         }
-        let buffer = ctx.alloc_tensors(backend.buffer_type(), "KV cache")?;
-        buffer.clear(0);
-        Ok(KvCache { n_ctx, n_stream, ty, k, v, buffer, _ctx: ctx })
+        arena.alloc(backend.buffer_type(), "KV cache")?;
+        arena.clear(0);
+        Ok(KvCache { n_ctx, n_stream, ty, k, v, arena })
     }
 
     /// Cells per stream including the scratch cell.
@@ -66,7 +73,7 @@ impl KvCache {
     }
 
     pub fn bytes(&self) -> usize {
-        self.buffer.size()
+        self.arena.size()
     }
 
     /// Bytes one stream (one sequence) takes.
@@ -74,19 +81,20 @@ impl KvCache {
         self.bytes() / self.n_stream.max(1)
     }
 
-    /// The C view for the graph builder; valid while `self` lives. The builder only reads
-    /// the tensor lists (the C struct's pointers are not const-qualified).
-    pub(crate) fn c_view(&self) -> ext::hrm_kv_cache {
-        ext::hrm_kv_cache {
-            n_slots: self.k.len() as i32,
-            n_ctx: self.cells_per_stream() as i32,
-            n_stream: self.n_stream as i32,
-            k: self.k.as_ptr() as *mut TensorPtr,
-            v: self.v.as_ptr() as *mut TensorPtr,
-        }
+    /// The cache as the graph builder reads it.
+    pub(crate) fn view(&self) -> ext::KvView<'_> {
+        ext::KvView { cells: self.cells_per_stream(), n_stream: self.n_stream, k: &self.k, v: &self.v }
     }
 
-    pub(crate) fn tensors(&self) -> impl Iterator<Item = TensorPtr> + '_ {
-        self.k.iter().chain(self.v.iter()).copied()
+    /// Copies the first `len` cells of every slot from stream `src` into stream `dst`.
+    pub(crate) fn copy_stream(&self, src: usize, dst: usize, len: usize) {
+        let cells = self.cells_per_stream();
+        let mut buf = Vec::new();
+        for t in self.k.iter().chain(&self.v) {
+            let row = t.row_bytes();
+            buf.resize(row * len, 0);
+            t.read(row * src * cells, &mut buf);
+            t.write(row * dst * cells, &buf);
+        }
     }
 }

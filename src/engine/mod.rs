@@ -8,15 +8,19 @@
 //! stream for free (later cells are masked); `fork` copies a stream's cells into another.
 
 pub mod arch;
+pub mod file;
 pub mod host;
 pub mod kv;
 pub mod weights;
 
+pub use file::{Budget, ModelFile};
 pub use kv::{KvCache, KvType};
 
 use crate::engine::arch::HParams;
-use crate::ggml::compute::{self, Backend, Cancel, ComputeError, Graph, Scheduler};
-use crate::ggml::{ext, fill_mask, sys};
+use crate::ggml::compute::{Backend, ComputeError, Scheduler};
+use crate::ggml::ext::{self, fill_mask, StepInputs};
+
+pub use crate::ggml::compute::Cancel;
 use crate::engine::weights::{LoadError, Model};
 use std::path::Path;
 
@@ -36,8 +40,19 @@ pub enum EngineError {
     TypesLength { got: usize, expected: usize },
     #[error("stream {0} does not exist or holds no sequence")]
     BadStream(usize),
-    #[error("the graph builder refused the step (shapes do not fit the model or the cache)")]
-    Build,
+    #[error("{0}")]
+    Build(#[from] ext::BuildRefused),
+    #[error("the computation was cancelled")]
+    Cancelled,
+}
+
+impl From<ext::BuildError> for EngineError {
+    fn from(e: ext::BuildError) -> Self {
+        match e {
+            ext::BuildError::Refused(r) => EngineError::Build(r),
+            ext::BuildError::Compute(c) => EngineError::from(c),
+        }
+    }
 }
 
 /// Where the engine runs and how much it holds.
@@ -86,12 +101,6 @@ impl Default for EngineOptions {
     }
 }
 
-/// A graph built for one step shape, reusable while the shape holds.
-struct Built {
-    step: ext::hrm_step,
-    io: ext::hrm_step_io,
-    graph: Graph,
-}
 
 /// Which rows of a first forward get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,10 +124,10 @@ pub struct Engine {
     backends: Vec<Backend>,
     /// Current length (positions filled) of each stream; None = free.
     lens: Vec<Option<usize>>,
-    decode_graph: Option<Built>,
+    decode_graph: Option<ext::Step>,
     graph_size: usize,
-    /// Where intermediate tensors are written when dumping (boxed: ggml holds its address).
-    dump: Option<Box<Dump>>,
+    /// Forwards run, when dumping intermediate tensors (the dump's file names count them).
+    dumped_forwards: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
     /// Decode steps use the extension's CPU attention and Q8_0 matmul (`hrm_step`).
     cpu_decode_attention: bool,
     cpu_decode_matmul: bool,
@@ -130,33 +139,21 @@ pub struct Engine {
 struct Dump {
     dir: std::path::PathBuf,
     filter: String,
-    forward: usize,
+    /// Forwards run so far (shared by the two schedulers' observers).
+    forward: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-extern "C" fn dump_node(t: *mut sys::ggml_tensor, ask: bool, user: *mut std::ffi::c_void) -> bool {
-    // SAFETY: user is the engine's boxed Dump (alive while the callback is set); t is a live
-    // node of the graph being computed, read only after it was computed (ask == false).
-    unsafe {
-        let d = &*(user as *const Dump);
-        let name = std::ffi::CStr::from_ptr((*t).name.as_ptr()).to_string_lossy();
-        let wanted = (*t).type_ == sys::GGML_TYPE_F32 && !name.is_empty() && name.contains(d.filter.as_str());
-        if ask {
-            return wanted;
+impl crate::ggml::compute::NodeObserver for Dump {
+    fn wants(&mut self, name: &str) -> bool {
+        !name.is_empty() && name.contains(self.filter.as_str())
+    }
+
+    fn node(&mut self, name: &str, shape: &[i64], data: &[f32]) {
+        let forward = self.forward.load(std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.join(format!("{forward:04}-{name}.npy"));
+        if let Err(e) = write_npy(&path, shape, data) {
+            tracing::warn!("dump {}: {e}", path.display());
         }
-        if wanted {
-            let n = sys::ggml_nelements(t) as usize;
-            let mut data = vec![0f32; n];
-            if sys::ggml_is_contiguous(t) {
-                compute::tensor_get(t, bytes_of_mut(&mut data), 0);
-                let ne = (*t).ne;
-                let shape: Vec<i64> = ne.iter().rev().copied().skip_while(|&x| x == 1).collect();
-                let path = d.dir.join(format!("{:04}-{}.npy", d.forward, name));
-                if let Err(e) = write_npy(&path, &shape, &data) {
-                    tracing::warn!("dump {}: {e}", path.display());
-                }
-            }
-        }
-        true
     }
 }
 
@@ -214,8 +211,7 @@ impl Engine {
             return Err(EngineError::ContextFull { needed: n_ctx, limit: hp.n_ctx_train as usize });
         }
         let kv = KvCache::new(&hp, n_ctx, opts.n_stream.max(1), opts.kv_type, main)?;
-        // SAFETY: pure function of the hyperparameters.
-        let graph_size = unsafe { ext::hrm_graph_nodes(&crate::engine::weights::c_hparams(&hp)) } * 2;
+        let graph_size = ext::graph_nodes(&crate::engine::weights::c_hparams(&hp)) * 2;
         // Each scheduler ends with its own CPU backend (ggml requires the CPU last).
         let n = backends.len();
         let gpu: Vec<&Backend> = backends[..n - 2].iter().collect();
@@ -236,7 +232,7 @@ impl Engine {
             backends,
             decode_graph: None,
             graph_size,
-            dump: None,
+            dumped_forwards: None,
             cpu_decode_attention,
             cpu_decode_matmul,
         };
@@ -250,27 +246,22 @@ impl Engine {
     fn reserve_compute(&mut self) -> Result<(), EngineError> {
         let n_ctx = self.kv.n_ctx as i32;
         let worst_first = self.build(self.step(n_ctx, 1, n_ctx, 1, true))?;
-        self.sched_first.reserve(&worst_first.graph)?;
+        self.sched_first.reserve(worst_first.graph())?;
         let n_kv = (self.kv.n_ctx.div_ceil(KV_PAD) * KV_PAD).min(self.kv.cells_per_stream()) as i32;
         let n_stream = self.kv.n_stream as i32;
         let worst_decode = self.build(self.step(1, n_stream, n_kv, n_stream, false))?;
-        self.sched_decode.reserve(&worst_decode.graph)?;
+        self.sched_decode.reserve(worst_decode.graph())?;
         Ok(())
     }
 
     /// Writes every F32 intermediate whose name contains `filter` to `dir` as .npy, one file
     /// per node and forward (`None` stops dumping).
     pub fn set_dump(&mut self, dir: Option<(std::path::PathBuf, String)>) {
-        self.dump = dir.map(|(dir, filter)| Box::new(Dump { dir, filter, forward: 0 }));
-        let (cb, ud): (sys::ggml_backend_sched_eval_callback, *mut std::ffi::c_void) = match &mut self.dump {
-            Some(d) => (Some(dump_node), &mut **d as *mut Dump as *mut std::ffi::c_void),
-            None => (None, std::ptr::null_mut()),
-        };
-        // SAFETY: ud points into self.dump, which lives until replaced here or the engine drops.
-        unsafe {
-            self.sched_first.set_eval_callback(cb, ud);
-            self.sched_decode.set_eval_callback(cb, ud);
-        }
+        let forward = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let observer = |dir: &std::path::PathBuf, filter: &String| -> Box<dyn crate::ggml::compute::NodeObserver> { Box::new(Dump { dir: dir.clone(), filter: filter.clone(), forward: forward.clone() }) };
+        self.sched_first.observe(dir.as_ref().map(|(d, f)| observer(d, f)));
+        self.sched_decode.observe(dir.as_ref().map(|(d, f)| observer(d, f)));
+        self.dumped_forwards = dir.map(|_| forward);
     }
 
     pub fn hparams(&self) -> &HParams {
@@ -287,12 +278,6 @@ impl Engine {
 
     pub fn kv(&self) -> &KvCache {
         &self.kv
-    }
-
-    pub fn set_threads(&self, n: usize) {
-        for b in &self.backends {
-            b.set_threads(n);
-        }
     }
 
     /// Compute-buffer bytes currently held.
@@ -328,8 +313,8 @@ impl Engine {
     }
 
     /// The shape of one forward, with this engine's choice of decode kernels.
-    fn step(&self, n_tokens: i32, n_stream: i32, n_kv: i32, n_out: i32, first: bool) -> ext::hrm_step {
-        ext::hrm_step {
+    fn step(&self, n_tokens: i32, n_stream: i32, n_kv: i32, n_out: i32, first: bool) -> ext::StepShape {
+        ext::StepShape {
             n_tokens,
             n_stream,
             n_kv,
@@ -340,46 +325,26 @@ impl Engine {
         }
     }
 
-    fn build(&self, step: ext::hrm_step) -> Result<Built, EngineError> {
-        let graph = Graph::new(self.graph_size)?;
-        let mut io: ext::hrm_step_io = unsafe { std::mem::zeroed() };
-        let mut kv = self.kv.c_view();
-        // SAFETY: the context has room for the graph and its tensors; model and cache tensors
-        // outlive the graph (both are owned by self, and graphs are dropped before them).
-        let rc = unsafe { ext::hrm_build_forward(graph.ctx_raw(), graph.raw(), self.model.c_model(), &mut kv, &step, &mut io) };
-        if rc != 0 {
-            return Err(EngineError::Build);
-        }
-        Ok(Built { step, io, graph })
+    fn build(&self, step: ext::StepShape) -> Result<ext::Step, EngineError> {
+        Ok(ext::build(&self.model.view(), &self.kv.view(), step, self.graph_size)?)
     }
 
-    /// Runs a built graph with its inputs and returns `n_out` rows of logits.
+    /// Runs a built step with its inputs and returns `n_out` rows of logits.
     /// `cancel` (first forwards only) is asked between graph nodes of the CPU part.
-    #[allow(clippy::too_many_arguments)]
-    fn run(&mut self, first: bool, built: &Built, tokens: &[i32], pos: &[i32], rows: &[i64], mask: &[u16], out: &[i32], cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
+    fn run(&mut self, first: bool, built: &ext::Step, inputs: &StepInputs, cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
         let sched = if first { &mut self.sched_first } else { &mut self.sched_decode };
         // backends = [GPU…, CPU for first forwards, CPU for decode].
         let cpu_first = &self.backends[self.backends.len() - 2];
         let _cancel_guard = cancel.filter(|_| first).map(|c| cpu_first.cancel_when(c));
-        sched.ensure_allocated(&built.graph)?;
-        let io = &built.io;
-        // SAFETY: each input tensor was created with exactly these element counts and types
-        // (I32, I32, I64, F16, I32) by hrm_build_forward for this step shape.
-        unsafe {
-            compute::tensor_set(io.tokens, bytes_of(tokens), 0);
-            compute::tensor_set(io.pos, bytes_of(pos), 0);
-            compute::tensor_set(io.kv_rows, bytes_of(rows), 0);
-            compute::tensor_set(io.mask, bytes_of(mask), 0);
-            compute::tensor_set(io.out_rows, bytes_of(out), 0);
-        }
-        sched.compute(&built.graph)?;
-        if let Some(d) = self.dump.as_mut() {
-            d.forward += 1;
-        }
         let n_vocab = self.model.hp.n_vocab as usize;
-        let mut flat = vec![0f32; n_vocab * out.len()];
-        // SAFETY: logits is F32 [n_vocab, n_out].
-        unsafe { compute::tensor_get(io.logits, bytes_of_mut(&mut flat), 0) };
+        let mut flat = vec![0f32; n_vocab * inputs.out_rows.len()];
+        built.run(sched, inputs, &mut flat).map_err(|e| match e {
+            ComputeError::Cancelled => EngineError::Cancelled,
+            e => EngineError::Compute(e),
+        })?;
+        if let Some(f) = &self.dumped_forwards {
+            f.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(flat.chunks(n_vocab).map(<[f32]>::to_vec).collect())
     }
 
@@ -421,8 +386,9 @@ impl Engine {
         let mut mask = vec![0u16; n * n];
         assert!(fill_mask(&mut mask, n, n, &pos, token_types), "mask arguments are consistent by construction");
         let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let logits = self.run(true, &built, &toks, &pos, &kv_rows, &mask, &out, cancel);
-        self.sched_first.forget(&built.graph);
+        let inputs = StepInputs { tokens: &toks, pos: &pos, kv_rows: &kv_rows, mask: &mask, out_rows: &out };
+        let logits = self.run(true, &built, &inputs, cancel);
+        self.sched_first.forget(built.graph());
         let logits = logits?;
         self.lens[stream] = Some(n);
         Ok(logits)
@@ -453,10 +419,10 @@ impl Engine {
         let cells = self.kv.cells_per_stream();
         let n_kv = (n_kv_needed.div_ceil(KV_PAD) * KV_PAD).min(cells);
         let step = self.step(1, n_stream as i32, n_kv as i32, n_stream as i32, false);
-        let reuse = self.decode_graph.as_ref().is_some_and(|b| steps_equal(&b.step, &step));
+        let reuse = self.decode_graph.as_ref().is_some_and(|b| steps_equal(b.shape(), &step));
         if !reuse {
             if let Some(old) = self.decode_graph.take() {
-                self.sched_decode.forget(&old.graph);
+                self.sched_decode.forget(old.graph());
             }
             self.decode_graph = Some(self.build(step)?);
         }
@@ -480,7 +446,8 @@ impl Engine {
         }
         let out: Vec<i32> = (0..n_stream as i32).collect();
         let built = self.decode_graph.take().expect("built above");
-        let logits = self.run(false, &built, &toks, &pos, &rows, &mask, &out, None);
+        let inputs = StepInputs { tokens: &toks, pos: &pos, kv_rows: &rows, mask: &mask, out_rows: &out };
+        let logits = self.run(false, &built, &inputs, None);
         self.decode_graph = Some(built);
         let mut logits = logits?;
         for &(s, _) in batch {
@@ -518,18 +485,7 @@ impl Engine {
         if dst >= self.kv.n_stream || dst == src {
             return Err(EngineError::BadStream(dst));
         }
-        let cells = self.kv.cells_per_stream();
-        let mut buf = Vec::new();
-        for t in self.kv.tensors() {
-            // SAFETY: rows [src*cells, src*cells+len) and the same range of dst lie inside the
-            // tensor (len ≤ n_ctx < cells); nb[1] is the row stride of this 2-D tensor.
-            unsafe {
-                let row = (*t).nb[1];
-                buf.resize(row * len, 0);
-                compute::tensor_get(t, &mut buf, row * src * cells);
-                compute::tensor_set(t, &buf, row * dst * cells);
-            }
-        }
+        self.kv.copy_stream(src, dst, len);
         self.lens[dst] = Some(len);
         Ok(())
     }
@@ -547,24 +503,14 @@ impl Engine {
     }
 }
 
-fn steps_equal(a: &ext::hrm_step, b: &ext::hrm_step) -> bool {
+fn steps_equal(a: &ext::StepShape, b: &ext::StepShape) -> bool {
     (a.n_tokens, a.n_stream, a.n_kv, a.n_out, a.first) == (b.n_tokens, b.n_stream, b.n_kv, b.n_out, b.first)
-}
-
-fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: plain-old-data slices (i32, i64, u16, f32) viewed as bytes.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-}
-
-fn bytes_of_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: f32 has no invalid bit patterns.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
         if let Some(b) = self.decode_graph.take() {
-            self.sched_decode.forget(&b.graph);
+            self.sched_decode.forget(b.graph());
         }
     }
 }

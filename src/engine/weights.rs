@@ -1,7 +1,7 @@
 //! Loading an `hrm_text` GGUF's weights into ggml backend buffers.
 
 use crate::engine::arch::{self, HParams, LayerWeight};
-use crate::ggml::compute::{Backend, Buffer, BufferType, ComputeError, Context, TensorPtr};
+use crate::ggml::compute::{Arena, Backend, BufferType, ComputeError, Tensor};
 use crate::ggml::gguf::{GgufError, GgufFile};
 use crate::ggml::{ext, GgmlType};
 use std::collections::HashMap;
@@ -20,25 +20,24 @@ pub enum LoadError {
     Io { path: PathBuf, reason: String },
     #[error("{0}")]
     Compute(#[from] ComputeError),
+    #[error("{path}: tensor {name} is missing")]
+    MissingTensor { path: PathBuf, name: String },
 }
 
-/// The weights of an HRM-Text model in backend buffers, and the C view the graph builder reads.
+/// The weights of an HRM-Text model in backend buffers, by role.
 pub struct Model {
     pub hp: HParams,
     pub path: PathBuf,
     pub file_type: Option<u64>,
     /// Bytes of weights per buffer type name.
     pub weight_bytes: Vec<(String, usize)>,
-    c_model: ext::hrm_model,
-    // The C view points into these: keep them alive (and unmoved: Vec heap storage is stable).
-    _layers: Vec<ext::hrm_layer>,
-    _contexts: Vec<Context>,
-    _buffers: Vec<Buffer>,
+    tok_embd: Tensor,
+    /// None: tied to `tok_embd`.
+    output: Option<Tensor>,
+    z_l_init: Tensor,
+    /// The L stack's layers, then the H stack's.
+    layers: Vec<ext::Layer>,
 }
-
-// SAFETY: the model is immutable after loading and owned by the engine thread; raw pointers in
-// c_model point into the contexts and buffers it owns.
-unsafe impl Send for Model {}
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -69,101 +68,87 @@ impl Model {
 
         let main_buft = backend.buffer_type();
         let repack_buft = if repack && backend.is_cpu() { Backend::cpu_repack_buffer_type() } else { None };
-        let plain_ctx = Context::new(specs.len() + 1, 0)?;
-        let repack_ctx = Context::new(specs.len() + 1, 0)?;
-        let embd_ctx = Context::new(2, 0)?;
-        let mut tensors: HashMap<String, (TensorPtr, u64, u64)> = HashMap::new();
-        let mut n_repack = 0;
+        // Where each weight lives: the backend's buffer, ggml's repacking one for Q4 matmul
+        // weights on the CPU, and host memory for the embedding on a GPU (get_rows runs on
+        // the CPU there).
+        const PLAIN: usize = 0;
+        const REPACK: usize = 1;
+        const EMBD: usize = 2;
+        let mut arenas = [Arena::new(specs.len() + 1)?, Arena::new(specs.len() + 1)?, Arena::new(2)?];
+        let mut used = [false; 3];
+        let mut tensors: HashMap<String, (Tensor, u64, u64)> = HashMap::new();
         for spec in &specs {
             let info = infos.iter().find(|t| t.name == spec.name).expect("checked by check_runnable");
             if !computable(info.ty) {
                 return Err(LoadError::UnsupportedType { path: path.to_path_buf(), name: info.name.clone(), ty: info.ty.name() });
             }
-            let ctx = if spec.name == arch::TOKEN_EMBD && !backend.is_cpu() {
-                &embd_ctx // get_rows of the embedding runs on the CPU
+            let home = if spec.name == arch::TOKEN_EMBD && !backend.is_cpu() {
+                EMBD
             } else if spec.name == arch::TOKEN_EMBD {
-                &plain_ctx
+                PLAIN
             } else if repack_buft.is_some() && [GgmlType::Q4_0, GgmlType::Q4_K].contains(&info.ty) && info.shape.dims().get(1).is_some_and(|r| r % 8 == 0) {
-                n_repack += 1;
-                &repack_ctx
+                REPACK
             } else {
-                &plain_ctx
+                PLAIN
             };
-            let t = ctx.new_tensor(&spec.name, info.ty, info.shape.dims());
+            used[home] = true;
+            let t = arenas[home].tensor(&spec.name, info.ty, info.shape.dims());
             tensors.insert(spec.name.clone(), (t, info.offset, info.size));
         }
-        let mut buffers = vec![plain_ctx.alloc_tensors(main_buft, "weights")?];
-        let mut weight_bytes = vec![(main_buft.name(), buffers[0].size())];
-        if n_repack > 0 {
-            let rb = repack_ctx.alloc_tensors(repack_buft.expect("n_repack > 0"), "repacked weights")?;
-            weight_bytes.push((repack_buft.expect("checked").name(), rb.size()));
-            buffers.push(rb);
-        }
-        if !backend.is_cpu() {
-            let eb = embd_ctx.alloc_tensors(BufferType::cpu(), "embeddings")?;
-            weight_bytes.push(("CPU".into(), eb.size()));
-            buffers.push(eb);
-        }
-        for b in &buffers {
-            b.mark_weights();
+        let mut weight_bytes = vec![];
+        for (home, buft, what) in [(PLAIN, Some(main_buft), "weights"), (REPACK, repack_buft, "repacked weights"), (EMBD, Some(BufferType::cpu()), "embeddings")] {
+            if let (true, Some(buft)) = (used[home], buft) {
+                let size = arenas[home].alloc(buft, what)?;
+                arenas[home].mark_weights();
+                weight_bytes.push((buft.name(), size));
+            }
         }
 
         // Read each tensor's bytes from the file into its buffer.
         let file = std::fs::File::open(path).map_err(|e| LoadError::Io { path: path.to_path_buf(), reason: e.to_string() })?;
         let mut buf = Vec::new();
-        for (name, &(t, offset, size)) in &tensors {
-            buf.resize(size as usize, 0);
-            file.read_exact_at(&mut buf, offset)
+        for (name, (t, offset, size)) in &tensors {
+            buf.resize(*size as usize, 0);
+            file.read_exact_at(&mut buf, *offset)
                 .map_err(|e| LoadError::Io { path: path.to_path_buf(), reason: format!("reading {name}: {e}") })?;
-            // SAFETY: t is allocated, and buf holds exactly its nbytes (the GGUF size of its type and shape).
-            unsafe {
-                debug_assert_eq!(crate::ggml::compute::nbytes(t), buf.len());
-                crate::ggml::compute::tensor_set(t, &buf, 0);
-            }
+            t.write(0, &buf);
         }
 
-        let get = |n: &str| tensors.get(n).map(|x| x.0).unwrap_or(std::ptr::null_mut());
+        let mut take = |n: &str| tensors.remove(n).map(|x| x.0).ok_or_else(|| LoadError::MissingTensor { path: path.to_path_buf(), name: n.to_string() });
         let mut layers = Vec::new();
         for bid in 0..2 * hp.layers_per_stack {
-            let w = |lw: LayerWeight| get(&arch::block_tensor(bid, lw));
-            layers.push(ext::hrm_layer {
-                attn_gate: w(LayerWeight::AttnGate),
-                attn_q: w(LayerWeight::AttnQ),
-                attn_k: w(LayerWeight::AttnK),
-                attn_v: w(LayerWeight::AttnV),
-                attn_out: w(LayerWeight::AttnOutput),
-                ffn_gate: w(LayerWeight::FfnGate),
-                ffn_up: w(LayerWeight::FfnUp),
-                ffn_down: w(LayerWeight::FfnDown),
+            let mut w = |lw: LayerWeight| take(&arch::block_tensor(bid, lw));
+            layers.push(ext::Layer {
+                attn_gate: w(LayerWeight::AttnGate)?,
+                attn_q: w(LayerWeight::AttnQ)?,
+                attn_k: w(LayerWeight::AttnK)?,
+                attn_v: w(LayerWeight::AttnV)?,
+                attn_out: w(LayerWeight::AttnOutput)?,
+                ffn_gate: w(LayerWeight::FfnGate)?,
+                ffn_up: w(LayerWeight::FfnUp)?,
+                ffn_down: w(LayerWeight::FfnDown)?,
             });
         }
-        let tok_embd = get(arch::TOKEN_EMBD);
-        let c_model = ext::hrm_model {
-            hp: c_hparams(&hp),
-            tok_embd,
-            output: if has_output { get(arch::OUTPUT) } else { tok_embd },
-            z_l_init: get(arch::Z_L_INIT),
-            layers: layers.as_mut_ptr(),
-        };
         Ok(Model {
             file_type: g.get_u64(arch::key::FILE_TYPE).ok(),
+            tok_embd: take(arch::TOKEN_EMBD)?,
+            output: if has_output { Some(take(arch::OUTPUT)?) } else { None },
+            z_l_init: take(arch::Z_L_INIT)?,
+            layers,
             hp,
             path: path.to_path_buf(),
             weight_bytes,
-            c_model,
-            _layers: layers,
-            _contexts: vec![plain_ctx, repack_ctx, embd_ctx],
-            _buffers: buffers,
         })
     }
 
-    pub(crate) fn c_model(&self) -> &ext::hrm_model {
-        &self.c_model
+    /// The weights as the graph builder reads them.
+    pub(crate) fn view(&self) -> ext::ModelView<'_> {
+        ext::ModelView { hp: c_hparams(&self.hp), tok_embd: &self.tok_embd, output: self.output.as_ref(), z_l_init: &self.z_l_init, layers: &self.layers }
     }
 }
 
-pub(crate) fn c_hparams(hp: &HParams) -> ext::hrm_hparams {
-    ext::hrm_hparams {
+pub(crate) fn c_hparams(hp: &HParams) -> ext::HParams {
+    ext::HParams {
         n_embd: hp.n_embd as i32,
         n_head: hp.n_head as i32,
         head_dim: hp.head_dim as i32,

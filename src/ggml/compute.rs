@@ -1,5 +1,5 @@
-//! Owned handles for ggml's compute objects: backends, buffers, contexts, the scheduler and
-//! graphs. Raw tensor pointers stay inside frigg's engine types; every FFI call is here.
+//! Owned handles for ggml's compute objects: backends, buffers, tensor arenas, the scheduler
+//! and graphs. No raw pointer leaves this module's types.
 
 use super::sys;
 use super::GgmlType;
@@ -190,9 +190,9 @@ impl BufferType {
     }
 }
 
-/// An allocated backend buffer holding the tensors of one [`Context`].
+/// An allocated backend buffer holding the tensors of one arena.
 #[derive(Debug)]
-pub struct Buffer {
+struct Buffer {
     ptr: NonNull<sys::ggml_backend_buffer>,
 }
 
@@ -207,12 +207,12 @@ impl Drop for Buffer {
 }
 
 impl Buffer {
-    pub fn size(&self) -> usize {
+    fn size(&self) -> usize {
         // SAFETY: valid buffer.
         unsafe { sys::ggml_backend_buffer_get_size(self.ptr.as_ptr()) }
     }
 
-    pub fn clear(&self, value: u8) {
+    fn clear(&self, value: u8) {
         // SAFETY: valid buffer.
         unsafe { sys::ggml_backend_buffer_clear(self.ptr.as_ptr(), value) }
     }
@@ -229,7 +229,7 @@ impl Buffer {
         }
     }
 
-    pub fn mark_weights(&self) {
+    fn mark_weights(&self) {
         // SAFETY: valid buffer.
         unsafe { sys::ggml_backend_buffer_set_usage(self.ptr.as_ptr(), sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) }
     }
@@ -237,12 +237,9 @@ impl Buffer {
 
 /// A ggml context that only describes tensors (no_alloc); data lives in backend buffers.
 #[derive(Debug)]
-pub struct Context {
+struct Context {
     ptr: NonNull<sys::ggml_context>,
 }
-
-// SAFETY: a context is only touched by the thread that owns the engine.
-unsafe impl Send for Context {}
 
 impl Drop for Context {
     fn drop(&mut self) {
@@ -251,12 +248,9 @@ impl Drop for Context {
     }
 }
 
-/// A tensor inside a [`Context`]; valid while that context lives (engine types keep both).
-pub type TensorPtr = *mut sys::ggml_tensor;
-
 impl Context {
     /// Room for `n_tensors` tensor descriptors plus a graph of `graph_size` nodes.
-    pub fn new(n_tensors: usize, graph_size: usize) -> Result<Self, ComputeError> {
+    fn new(n_tensors: usize, graph_size: usize) -> Result<Self, ComputeError> {
         // SAFETY: sizes come from ggml's own overhead functions; no_alloc contexts hold no data.
         unsafe {
             let mut mem = sys::ggml_tensor_overhead() * n_tensors;
@@ -268,65 +262,178 @@ impl Context {
         }
     }
 
-    pub(crate) fn raw(&self) -> *mut sys::ggml_context {
+    fn raw(&self) -> *mut sys::ggml_context {
         self.ptr.as_ptr()
     }
+}
 
-    /// A new tensor descriptor with `name`, type and ggml shape.
-    pub fn new_tensor(&self, name: &str, ty: GgmlType, ne: &[i64]) -> TensorPtr {
-        let cname = CString::new(name).expect("tensor names have no NUL");
-        // SAFETY: the context has room (sized by the caller); ne has 1..=4 dims.
-        unsafe {
-            let t = sys::ggml_new_tensor(self.raw(), ty.0, ne.len() as i32, ne.as_ptr());
-            assert!(!t.is_null(), "ggml context too small for tensor {name}");
-            sys::ggml_set_name(t, cname.as_ptr());
-            t
-        }
+/// A context's tensors and, once allocated, the buffer their data lives in. Tensors keep it
+/// alive (so do graphs that read them).
+#[derive(Debug)]
+pub(crate) struct ArenaInner {
+    buffer: std::sync::OnceLock<Buffer>,
+    ctx: Context,
+}
+
+// SAFETY: the context and buffer are only touched through `Arena` (`&mut` to add tensors or
+// allocate) and through its `Tensor`s, which are neither `Clone` nor `Sync`: one owner, one
+// thread at a time, reads and writes each tensor.
+unsafe impl Send for ArenaInner {}
+unsafe impl Sync for ArenaInner {}
+
+/// Tensors made together and allocated in one backend buffer (the weights, the KV cache).
+#[derive(Debug)]
+pub struct Arena(std::sync::Arc<ArenaInner>);
+
+impl Arena {
+    /// Room for `n_tensors` tensors.
+    pub fn new(n_tensors: usize) -> Result<Self, ComputeError> {
+        Ok(Arena(std::sync::Arc::new(ArenaInner { buffer: std::sync::OnceLock::new(), ctx: Context::new(n_tensors, 0)? })))
     }
 
-    /// Allocates every tensor of this context in one buffer of `buft`.
-    pub fn alloc_tensors(&self, buft: BufferType, what: &str) -> Result<Buffer, ComputeError> {
-        // SAFETY: every tensor in the context is unallocated; the returned buffer owns the memory.
-        let p = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(self.raw(), buft.0) };
+    /// A new tensor descriptor with `name`, type and ggml shape (1 to 4 dims); its data is
+    /// allocated by `alloc`.
+    pub fn tensor(&mut self, name: &str, ty: GgmlType, ne: &[i64]) -> Tensor {
+        assert!((1..=4).contains(&ne.len()), "tensor {name}: 1 to 4 dimensions");
+        assert!(self.0.buffer.get().is_none(), "tensor {name}: the arena is already allocated");
+        let cname = CString::new(name).expect("tensor names have no NUL");
+        // SAFETY: the context has room (sized by the caller; ggml asserts otherwise); ne has
+        // 1..=4 dims; the name is copied into the tensor.
+        let t = unsafe {
+            let t = sys::ggml_new_tensor(self.0.ctx.raw(), ty.0, ne.len() as i32, ne.as_ptr());
+            let t = NonNull::new(t).unwrap_or_else(|| panic!("ggml context too small for tensor {name}"));
+            sys::ggml_set_name(t.as_ptr(), cname.as_ptr());
+            t
+        };
+        Tensor { ptr: t, arena: self.0.clone(), _not_sync: std::marker::PhantomData }
+    }
+
+    /// Allocates every tensor in one buffer of `buft` (huge pages advised on host memory);
+    /// returns its size in bytes.
+    pub fn alloc(&mut self, buft: BufferType, what: &str) -> Result<usize, ComputeError> {
+        // SAFETY: every tensor in the context is unallocated (checked: the buffer is set once);
+        // the returned buffer owns the memory and lives as long as the arena's tensors.
+        let p = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(self.0.ctx.raw(), buft.0) };
         let bytes = self.total_bytes();
         let buffer = NonNull::new(p).map(|ptr| Buffer { ptr }).ok_or_else(|| ComputeError::Alloc { what: format!("{what} ({})", buft.name()), bytes })?;
         buffer.advise_huge_pages();
-        Ok(buffer)
+        let size = buffer.size();
+        self.0.buffer.set(buffer).map_err(|_| ComputeError::Alloc { what: format!("{what}: allocated twice"), bytes })?;
+        Ok(size)
+    }
+
+    fn buffer(&self) -> &Buffer {
+        self.0.buffer.get().expect("the arena is allocated")
+    }
+
+    /// Tells backends the buffer holds weights (they may then place it differently).
+    pub fn mark_weights(&self) {
+        self.buffer().mark_weights();
+    }
+
+    /// Sets every byte of the buffer.
+    pub fn clear(&self, value: u8) {
+        self.buffer().clear(value);
+    }
+
+    /// Bytes allocated.
+    pub fn size(&self) -> usize {
+        self.0.buffer.get().map_or(0, Buffer::size)
     }
 
     fn total_bytes(&self) -> usize {
         let mut n = 0;
         // SAFETY: iterating this context's tensors.
         unsafe {
-            let mut t = sys::ggml_get_first_tensor(self.raw());
+            let mut t = sys::ggml_get_first_tensor(self.0.ctx.raw());
             while !t.is_null() {
                 n += sys::ggml_nbytes(t);
-                t = sys::ggml_get_next_tensor(self.raw(), t);
+                t = sys::ggml_get_next_tensor(self.0.ctx.raw(), t);
             }
         }
         n
     }
-
 }
 
-/// A compute graph and the context holding its tensors; the graph lives as long as this value.
+/// One tensor of an `Arena`: its data is read and written through these methods, in bounds
+/// (checked), once the arena is allocated. One owner; not `Clone` or `Sync`.
+#[derive(Debug)]
+pub struct Tensor {
+    ptr: NonNull<sys::ggml_tensor>,
+    arena: std::sync::Arc<ArenaInner>,
+    _not_sync: std::marker::PhantomData<std::cell::Cell<()>>,
+}
+
+// SAFETY: the tensor and its arena move with their owner to another thread; ggml's tensor
+// API has no thread affinity.
+unsafe impl Send for Tensor {}
+
+impl Tensor {
+    pub(crate) fn raw(&self) -> *mut sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn arena(&self) -> &std::sync::Arc<ArenaInner> {
+        &self.arena
+    }
+
+    /// Bytes of the tensor's data.
+    pub fn nbytes(&self) -> usize {
+        // SAFETY: a live tensor (its context lives while the arena does).
+        unsafe { sys::ggml_nbytes(self.raw()) }
+    }
+
+    /// Bytes between consecutive rows (`nb[1]`).
+    pub fn row_bytes(&self) -> usize {
+        // SAFETY: as nbytes.
+        unsafe { (*self.raw()).nb[1] }
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        // SAFETY: as nbytes.
+        GgmlType(unsafe { (*self.raw()).type_ })
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        assert!(self.arena.buffer.get().is_some(), "tensor data read or written before allocation");
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.nbytes()), "tensor access [{offset}, +{len}) past its {} bytes", self.nbytes());
+    }
+
+    /// Writes `data` at byte `offset` (any backend).
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: allocated (checked), and the range lies inside the tensor's data (checked).
+        unsafe { sys::ggml_backend_tensor_set(self.raw(), data.as_ptr() as *const _, offset, data.len()) }
+    }
+
+    /// Reads `out.len()` bytes from byte `offset`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        self.check(offset, out.len());
+        // SAFETY: as write.
+        unsafe { sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr() as *mut _, offset, out.len()) }
+    }
+}
+
+/// A compute graph and the context holding its tensors; the graph lives as long as this value,
+/// and so do the arenas whose tensors it reads.
 #[derive(Debug)]
 pub struct Graph {
     gf: NonNull<sys::ggml_cgraph>,
     ctx: Context,
+    _reads: Vec<std::sync::Arc<ArenaInner>>,
 }
 
 // SAFETY: owned by the engine thread with its context.
 unsafe impl Send for Graph {}
 
 impl Graph {
-    /// Room for `size` nodes (and as many tensors).
-    pub fn new(size: usize) -> Result<Graph, ComputeError> {
+    /// Room for `size` nodes (and as many tensors), reading the tensors of `reads`.
+    pub(crate) fn new(size: usize, reads: Vec<std::sync::Arc<ArenaInner>>) -> Result<Graph, ComputeError> {
         let ctx = Context::new(size, size)?;
         // SAFETY: the context was sized with ggml_graph_overhead_custom(size).
         let gf = unsafe { sys::ggml_new_graph_custom(ctx.raw(), size, false) };
         let gf = NonNull::new(gf).ok_or(ComputeError::ContextInit)?;
-        Ok(Graph { gf, ctx })
+        Ok(Graph { gf, ctx, _reads: reads })
     }
 
     pub(crate) fn raw(&self) -> *mut sys::ggml_cgraph {
@@ -338,36 +445,47 @@ impl Graph {
     }
 }
 
-/// Copies bytes into an allocated tensor (any backend).
-///
-/// # Safety
-/// `t` must be an allocated tensor of a live context and `data` at most `ggml_nbytes(t) - offset` bytes.
-pub unsafe fn tensor_set(t: TensorPtr, data: &[u8], offset: usize) {
-    sys::ggml_backend_tensor_set(t, data.as_ptr() as *const _, offset, data.len());
-}
-
-/// Copies bytes out of an allocated tensor.
-///
-/// # Safety
-/// As [`tensor_set`].
-pub unsafe fn tensor_get(t: TensorPtr, out: &mut [u8], offset: usize) {
-    sys::ggml_backend_tensor_get(t, out.as_mut_ptr() as *mut _, offset, out.len());
-}
-
-/// Bytes of a tensor's data.
-///
-/// # Safety
-/// `t` must point to a live tensor.
-pub unsafe fn nbytes(t: TensorPtr) -> usize {
-    sys::ggml_nbytes(t)
+/// Sees the graph's nodes as they are computed (debug dumps of intermediate tensors).
+pub trait NodeObserver: Send {
+    /// Whether to receive this node (F32 nodes only are asked about).
+    fn wants(&mut self, name: &str) -> bool;
+    /// A wanted node's data, once computed: its shape outermost first, trailing 1s dropped.
+    fn node(&mut self, name: &str, shape: &[i64], data: &[f32]);
 }
 
 /// ggml's backend scheduler over one device (plus the CPU as the last backend).
-#[derive(Debug)]
 pub struct Scheduler {
     ptr: NonNull<sys::ggml_backend_sched>,
     /// The graph whose allocation is current (graphs are reused across decode steps).
     allocated: *mut sys::ggml_cgraph,
+    /// Boxed twice: ggml holds the inner box's address as the callback's user data.
+    observer: Option<Box<Box<dyn NodeObserver>>>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler").field("observed", &self.observer.is_some()).finish_non_exhaustive()
+    }
+}
+
+extern "C" fn observe_node(t: *mut sys::ggml_tensor, ask: bool, user: *mut std::ffi::c_void) -> bool {
+    // SAFETY: user is the scheduler's boxed observer (alive while the callback is set, which
+    // `observe` clears before dropping it); t is a live node, read only once computed (!ask).
+    unsafe {
+        let observer = &mut *(user as *mut Box<dyn NodeObserver>);
+        let name = CStr::from_ptr((*t).name.as_ptr()).to_string_lossy();
+        let f32_node = (*t).type_ == sys::GGML_TYPE_F32;
+        if ask {
+            return f32_node && observer.wants(&name);
+        }
+        if f32_node && sys::ggml_is_contiguous(t) && observer.wants(&name) {
+            let mut data = vec![0f32; sys::ggml_nelements(t) as usize];
+            sys::ggml_backend_tensor_get(t, data.as_mut_ptr() as *mut _, 0, data.len() * 4);
+            let shape: Vec<i64> = (*t).ne.iter().rev().copied().skip_while(|&x| x == 1).collect();
+            observer.node(&name, &shape, &data);
+        }
+        true
+    }
 }
 
 // SAFETY: owned by the engine thread.
@@ -386,7 +504,7 @@ impl Scheduler {
         let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.raw()).collect();
         // SAFETY: raw holds live backends, the last one the CPU (checked by ggml).
         let p = unsafe { sys::ggml_backend_sched_new(raw.as_mut_ptr(), std::ptr::null_mut(), raw.len() as i32, graph_size, false, true) };
-        NonNull::new(p).map(|ptr| Scheduler { ptr, allocated: std::ptr::null_mut() }).ok_or(ComputeError::GraphAlloc)
+        NonNull::new(p).map(|ptr| Scheduler { ptr, allocated: std::ptr::null_mut(), observer: None }).ok_or(ComputeError::GraphAlloc)
     }
 
     /// Sizes the compute buffers for `g` (a worst-case graph) without running it, so memory
@@ -449,11 +567,16 @@ impl Scheduler {
         unsafe { sys::ggml_backend_sched_get_buffer_size(self.ptr.as_ptr(), backend.raw()) }
     }
 
-    /// Calls `cb` on every node after it is computed (debug dumps); None clears it.
-    ///
-    /// # Safety
-    /// `user_data` must outlive every compute while the callback is set.
-    pub unsafe fn set_eval_callback(&mut self, cb: sys::ggml_backend_sched_eval_callback, user_data: *mut std::ffi::c_void) {
-        sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), cb, user_data);
+    /// Shows every node to `observer` as it is computed (debug dumps); None stops that.
+    pub fn observe(&mut self, observer: Option<Box<dyn NodeObserver>>) {
+        // SAFETY: clears the callback before the old observer is dropped; a new one is set with
+        // the address of its box, which lives in self until replaced or the scheduler drops.
+        unsafe { sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), None, std::ptr::null_mut()) };
+        self.observer = observer.map(Box::new);
+        if let Some(o) = self.observer.as_mut() {
+            let user = &mut **o as *mut Box<dyn NodeObserver> as *mut std::ffi::c_void;
+            // SAFETY: as above.
+            unsafe { sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), Some(observe_node), user) };
+        }
     }
 }

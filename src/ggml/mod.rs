@@ -1,10 +1,13 @@
-//! The one safe wrapper over ggml. Every `unsafe` call into ggml or the HRM extension lives
-//! under this module, in small blocks, behind types that own their pointers.
+//! The one safe wrapper over ggml, the HRM extension and the few OS calls frigg makes (huge
+//! pages, mapped files, signals). Every `unsafe` in frigg lives under this module, in small
+//! blocks, behind types that own their pointers; no raw pointer leaves it.
 
 pub mod compute;
+pub mod ext;
 pub mod gguf;
 pub mod hugepages;
 pub mod llama;
+pub mod os;
 
 pub use llama_cpp_sys_2 as sys;
 
@@ -197,31 +200,6 @@ pub fn backend_names() -> Vec<String> {
             .map(|i| CStr::from_ptr(sys::ggml_backend_reg_name(sys::ggml_backend_reg_get(i))).to_string_lossy().into_owned())
             .collect()
     }
-}
-
-/// Raw bindings to frigg's C extension (`ggml-ext/hrm.h`).
-#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
-pub mod ext {
-    include!(concat!(env!("OUT_DIR"), "/hrm_ext.rs"));
-}
-
-/// ggml's quantization format version, as compiled in.
-pub fn quantization_version() -> u32 {
-    // SAFETY: returns a compile-time constant.
-    unsafe { ext::hrm_ggml_qnt_version() as u32 }
-}
-
-/// Fills `mask` (row-major `[q_pos.len()][n_kv_pad]`, F16 bits) with the PrefixLM mask: see
-/// `hrm_fill_mask` in `ggml-ext/hrm.h` for the exact semantics. `token_types`, when given,
-/// holds the types of cells `0..n_kv` (first forward only).
-pub fn fill_mask(mask: &mut [u16], n_kv: usize, n_kv_pad: usize, q_pos: &[i32], token_types: Option<&[i32]>) -> bool {
-    if mask.len() != q_pos.len() * n_kv_pad || token_types.is_some_and(|t| t.len() < n_kv) {
-        return false;
-    }
-    let tt = token_types.map_or(std::ptr::null(), |t| t.as_ptr());
-    // SAFETY: mask holds n_q * n_kv_pad values and token_types n_kv (checked above); the C side
-    // range-checks positions before writing.
-    unsafe { ext::hrm_fill_mask(mask.as_mut_ptr(), q_pos.len() as i32, n_kv as i32, n_kv_pad as i32, q_pos.as_ptr(), tt) == 0 }
 }
 
 extern "C" fn log_to_tracing(level: sys::ggml_log_level, text: *const std::os::raw::c_char, _user: *mut std::ffi::c_void) {

@@ -749,12 +749,6 @@ fn merge_logprobs(kind: Kind, parts: Vec<Value>) -> Value {
     Value::Object(out)
 }
 
-/// Memory the engine will allocate for its KV cache (checked before allocating).
-pub fn kv_bytes(hp: &crate::engine::arch::HParams, n_ctx: usize, slots: usize, kv: crate::engine::KvType) -> u64 {
-    let row = kv.ggml().row_bytes(hp.n_embd_attn() as u64);
-    2 * hp.n_slots() as u64 * ((n_ctx + 1) * slots) as u64 * row
-}
-
 /// Loads the model, checks the memory budget, starts the engine threads and the HTTP server;
 /// returns when the server has shut down (SIGINT/SIGTERM) and in-flight work has finished, or
 /// an error when the drain timeout had to cut requests.
@@ -766,46 +760,34 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
     if o.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err("--api-key: the key is empty".into());
     }
-    let g = crate::ggml::gguf::GgufFile::open(&o.model).map_err(|e| e.to_string())?;
-    let hp = crate::engine::arch::HParams::from_gguf(&g).map_err(|e| e.to_string())?;
+    let file = crate::engine::ModelFile::open(&o.model).map_err(|e| e.to_string())?;
+    let hp = file.hp.clone();
     let n_ctx = if o.engine.n_ctx == 0 { hp.n_ctx_train as usize } else { o.engine.n_ctx };
     if n_ctx > hp.n_ctx_train as usize {
         return Err(format!("--ctx {n_ctx} exceeds the model's context length {}", hp.n_ctx_train));
     }
-    let weights = std::fs::metadata(&o.model).map(|m| m.len()).unwrap_or(0);
-    let kv = kv_bytes(&hp, n_ctx, o.slots, o.engine.kv_type);
-    // Prefill of a full-context prompt: activations, FFN intermediates and the mask dominate.
-    let compute = (n_ctx as u64) * (hp.n_embd as u64 * 16 + hp.n_ff as u64 * 12 + n_ctx as u64 * 2) + hp.n_vocab as u64 * 4 * o.slots as u64;
-    let need = weights + kv + compute;
+    let budget = crate::engine::Budget::new(&file, n_ctx, o.slots, o.engine.kv_type);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     eprintln!(
-        "frigg serve: weights {:.2} GiB · KV {:.1} MiB per slot × {} slots = {:.2} GiB ({} positions, {:?}) · compute ≈ {:.2} GiB · total ≈ {:.2} GiB",
-        weights as f64 / (1u64 << 30) as f64,
-        kv as f64 / o.slots as f64 / (1u64 << 20) as f64,
+        "frigg serve: weights {:.2} GiB · KV {:.1} MiB per slot × {} slots = {:.2} GiB ({} positions, {}) · compute ≈ {:.2} GiB · total ≈ {:.2} GiB",
+        gib(budget.weights),
+        budget.kv_per_stream as f64 / (1u64 << 20) as f64,
         o.slots,
-        kv as f64 / (1u64 << 30) as f64,
+        gib(budget.kv),
         n_ctx,
         o.engine.kv_type,
-        compute as f64 / (1u64 << 30) as f64,
-        need as f64 / (1u64 << 30) as f64
+        gib(budget.compute),
+        gib(budget.total)
     );
     // CPU replicas each hold their own weights, cache and buffers in host memory.
     let host_replicas = if o.devices.is_empty() { usize::from(!o.engine.gpu) } else { o.devices.iter().filter(|d| d.is_none()).count() } as u64;
     if o.devices.len() > 1 {
-        eprintln!("frigg serve: {} replicas ({} in host memory): ≈ {:.2} GiB of host memory in all", o.devices.len(), host_replicas, (need * host_replicas) as f64 / (1u64 << 30) as f64);
+        eprintln!("frigg serve: {} replicas ({} in host memory): ≈ {:.2} GiB of host memory in all", o.devices.len(), host_replicas, gib(budget.total * host_replicas));
     }
-    let need = need * host_replicas;
-    if let Some(avail) = crate::tools::bench::meminfo_bytes("MemAvailable") {
-        if need + need / 10 > avail {
-            return Err(format!(
-                "this configuration needs about {:.2} GiB (+10% headroom) but {:.2} GiB is available; lower --slots, --ctx or use --kv-type q8_0",
-                need as f64 / (1u64 << 30) as f64,
-                avail as f64 / (1u64 << 30) as f64
-            ));
-        }
-    }
-    let tok = Arc::new(Tokenizer::from_gguf(&g, o.mistral_regex).map_err(|e| e.to_string())?);
-    let template = ChatTemplate::from_gguf(&g, &tok).map_err(|e| e.to_string())?;
-    drop(g);
+    budget.fits(host_replicas)?;
+    let tok = Arc::new(Tokenizer::from_model(&file, o.mistral_regex).map_err(|e| e.to_string())?);
+    let template = ChatTemplate::from_model(&file, &tok).map_err(|e| e.to_string())?;
+    drop(file);
     // llguidance's view of the vocabulary, built while the engines load.
     let tok3 = tok.clone();
     let grammars = std::thread::spawn(move || crate::generate::constrain::Grammars::new(&tok3.tok_env()));

@@ -3,8 +3,7 @@
 //! in one batched step, and sends each piece of text back as soon as it is final.
 
 use crate::generate::constrain::{CallEvent, CallTracker, Compiled, Constraint, ToolTokens};
-use crate::engine::{Engine, EngineError, Rows};
-use crate::ggml::compute::{Cancel, ComputeError};
+use crate::engine::{Cancel, Engine, EngineError, Rows};
 use crate::generate::Finish;
 use crate::generate::sampler::{Sampler, SamplingParams};
 use crate::text::{StreamDecoder, Tokenizer};
@@ -203,7 +202,7 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     Stats::add_time(&stats.prefill_us, t0);
     let logits = match prefilled {
         Ok(mut l) => l.pop().expect("one row"),
-        Err(EngineError::Compute(ComputeError::Cancelled)) => return, // its stream stays free
+        Err(EngineError::Cancelled) => return, // its stream stays free
         Err(e) => {
             let _ = job.events.send(Event::Error(e.to_string()));
             return;

@@ -55,6 +55,11 @@ impl ChatTemplate {
 
     /// The template a `frigg convert` GGUF carries (`tokenizer.chat_template`), with the
     /// tokenizer's BOS and first EOS as `bos_token`/`eos_token`; None when it has none.
+    pub fn from_model(f: &crate::engine::ModelFile, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
+        Self::from_gguf(f.gguf(), tok)
+    }
+
+    /// As `from_model`, from the GGUF's metadata.
     pub fn from_gguf(g: &GgufFile, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
         let Ok(source) = g.get_str(crate::engine::arch::key::CHAT_TEMPLATE) else { return Ok(None) };
         let bos = tok.bos.and_then(|b| tok.token_text(b)).unwrap_or_default();

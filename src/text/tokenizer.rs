@@ -55,6 +55,11 @@ fn u32_of(v: Option<Value>) -> Option<u32> {
 }
 
 impl Tokenizer {
+    /// From a model file written by `frigg convert`.
+    pub fn from_model(f: &crate::engine::ModelFile, mistral_regex: bool) -> Result<Tokenizer, TokenizerError> {
+        Self::from_gguf(f.gguf(), mistral_regex)
+    }
+
     /// From a GGUF written by `frigg convert`.
     pub fn from_gguf(g: &GgufFile, mistral_regex: bool) -> Result<Tokenizer, TokenizerError> {
         let json = match g.get(key::TOK_HF_JSON).map_err(|e| TokenizerError::Load(e.to_string()))? {

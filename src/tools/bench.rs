@@ -259,7 +259,7 @@ pub fn ceiling(model: &Path, n_ctx: usize, kv: KvType, bandwidth_bytes_s: f64) -
     let l_stack_bytes = stack(0..lps);
     let h_stack_bytes = stack(lps..2 * lps);
     let lm_head_bytes = tensors.iter().find(|t| t.name == crate::engine::arch::OUTPUT).or_else(|| tensors.iter().find(|t| t.name == crate::engine::arch::TOKEN_EMBD)).map(|t| t.size).unwrap_or(0);
-    let kv_bytes = 2 * hp.n_slots() as u64 * n_ctx as u64 * kv.ggml().row_bytes((hp.n_head_kv * hp.head_dim) as u64);
+    let kv_bytes = hp.kv_bytes(n_ctx as u64, kv.ggml());
     let (l_passes, h_passes) = ((hp.l_cycles * hp.h_cycles) as u64, hp.h_cycles as u64);
     let total = l_stack_bytes * l_passes + h_stack_bytes * h_passes + lm_head_bytes + kv_bytes;
     Ok(Ceiling {

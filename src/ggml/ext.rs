@@ -1,0 +1,205 @@
+//! frigg's C extension to ggml (`ggml-ext/`): the HRM-Text forward as a graph builder, the
+//! PrefixLM mask, and the CPU decode kernels the builder may choose.
+
+use super::compute::{ArenaInner, ComputeError, Graph, Scheduler, Tensor};
+use std::sync::Arc;
+
+#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all, clippy::undocumented_unsafe_blocks)]
+mod raw {
+    include!(concat!(env!("OUT_DIR"), "/hrm_ext.rs"));
+}
+
+/// The model's shape as the builder reads it (`struct hrm_hparams`).
+pub type HParams = raw::hrm_hparams;
+/// The shapes one forward is built for (`struct hrm_step`); a graph is reusable while they hold.
+pub type StepShape = raw::hrm_step;
+
+/// One decoder layer's weights (ggml shapes `[in, out]`).
+#[derive(Debug)]
+pub struct Layer {
+    pub attn_gate: Tensor,
+    pub attn_q: Tensor,
+    pub attn_k: Tensor,
+    pub attn_v: Tensor,
+    pub attn_out: Tensor,
+    pub ffn_gate: Tensor,
+    pub ffn_up: Tensor,
+    pub ffn_down: Tensor,
+}
+
+/// The model as the builder reads it; `output` None: tied to `tok_embd`.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelView<'a> {
+    pub hp: HParams,
+    pub tok_embd: &'a Tensor,
+    pub output: Option<&'a Tensor>,
+    pub z_l_init: &'a Tensor,
+    /// L stack then H stack.
+    pub layers: &'a [Layer],
+}
+
+/// The KV cache as the builder reads it: one K and one V per virtual slot, each
+/// `[n_head*head_dim, cells*n_stream]`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvView<'a> {
+    /// Cells per stream.
+    pub cells: usize,
+    pub n_stream: usize,
+    pub k: &'a [Tensor],
+    pub v: &'a [Tensor],
+}
+
+/// Upper bound on the graph nodes one forward adds for this model.
+pub fn graph_nodes(hp: &HParams) -> usize {
+    // SAFETY: pure function of the struct's values.
+    unsafe { raw::hrm_graph_nodes(hp) }
+}
+
+/// ggml's quantization format version, as compiled in.
+pub fn quantization_version() -> u32 {
+    // SAFETY: returns a compile-time constant.
+    unsafe { raw::hrm_ggml_qnt_version() as u32 }
+}
+
+/// Fills `mask` (row-major `[q_pos.len()][n_kv_pad]`, F16 bits) with the PrefixLM mask: see
+/// `hrm_fill_mask` in `ggml-ext/hrm.h` for the exact semantics. `token_types`, when given,
+/// holds the types of cells `0..n_kv` (first forward only).
+pub fn fill_mask(mask: &mut [u16], n_kv: usize, n_kv_pad: usize, q_pos: &[i32], token_types: Option<&[i32]>) -> bool {
+    if mask.len() != q_pos.len() * n_kv_pad || token_types.is_some_and(|t| t.len() < n_kv) {
+        return false;
+    }
+    let tt = token_types.map_or(std::ptr::null(), |t| t.as_ptr());
+    // SAFETY: mask holds n_q * n_kv_pad values and token_types n_kv (checked above); the C side
+    // range-checks positions before writing.
+    unsafe { raw::hrm_fill_mask(mask.as_mut_ptr(), q_pos.len() as i32, n_kv as i32, n_kv_pad as i32, q_pos.as_ptr(), tt) == 0 }
+}
+
+/// The inputs of one forward, in the lengths its shape gives (checked).
+#[derive(Debug, Clone, Copy)]
+pub struct StepInputs<'a> {
+    /// `n_tokens * n_stream` token ids (token index = stream * n_tokens + t).
+    pub tokens: &'a [i32],
+    /// Each token's position.
+    pub pos: &'a [i32],
+    /// Each token's cache row (stream * cells + position).
+    pub kv_rows: &'a [i64],
+    /// F16 bits, `hrm_fill_mask` per stream.
+    pub mask: &'a [u16],
+    /// Token indices whose logits are computed.
+    pub out_rows: &'a [i32],
+}
+
+/// One forward built into a graph: reusable while its shape holds.
+#[derive(Debug)]
+pub struct Step {
+    shape: StepShape,
+    io: raw::hrm_step_io,
+    graph: Graph,
+}
+
+/// The builder refused the shape: it does not fit the model or the cache.
+#[derive(Debug, thiserror::Error)]
+#[error("the graph builder refused the step (shapes do not fit the model or the cache)")]
+pub struct BuildRefused;
+
+/// Builds one forward (`hrm_build_forward`) in a graph of `graph_size` nodes.
+pub fn build(model: &ModelView, kv: &KvView, shape: StepShape, graph_size: usize) -> Result<Step, BuildError> {
+    // The graph keeps every arena it reads alive.
+    let mut reads: Vec<Arc<ArenaInner>> = vec![];
+    let mut keep = |t: &Tensor| {
+        if !reads.iter().any(|a| Arc::ptr_eq(a, t.arena())) {
+            reads.push(t.arena().clone());
+        }
+    };
+    [model.tok_embd, model.z_l_init].into_iter().chain(model.output).for_each(&mut keep);
+    for l in model.layers {
+        [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down].into_iter().for_each(&mut keep);
+    }
+    kv.k.iter().chain(kv.v).for_each(&mut keep);
+    let graph = Graph::new(graph_size, reads)?;
+    let mut layers: Vec<raw::hrm_layer> = model
+        .layers
+        .iter()
+        .map(|l| raw::hrm_layer {
+            attn_gate: l.attn_gate.raw(),
+            attn_q: l.attn_q.raw(),
+            attn_k: l.attn_k.raw(),
+            attn_v: l.attn_v.raw(),
+            attn_out: l.attn_out.raw(),
+            ffn_gate: l.ffn_gate.raw(),
+            ffn_up: l.ffn_up.raw(),
+            ffn_down: l.ffn_down.raw(),
+        })
+        .collect();
+    if layers.len() != 2 * model.hp.layers_per_stack as usize || kv.k.len() != kv.v.len() {
+        return Err(BuildError::Refused(BuildRefused));
+    }
+    let c_model = raw::hrm_model {
+        hp: model.hp,
+        tok_embd: model.tok_embd.raw(),
+        output: model.output.unwrap_or(model.tok_embd).raw(),
+        z_l_init: model.z_l_init.raw(),
+        layers: layers.as_mut_ptr(),
+    };
+    let mut k: Vec<*mut super::sys::ggml_tensor> = kv.k.iter().map(Tensor::raw).collect();
+    let mut v: Vec<*mut super::sys::ggml_tensor> = kv.v.iter().map(Tensor::raw).collect();
+    let c_kv = raw::hrm_kv_cache { n_slots: k.len() as i32, n_ctx: kv.cells as i32, n_stream: kv.n_stream as i32, k: k.as_mut_ptr(), v: v.as_mut_ptr() };
+    // SAFETY: hrm_step_io is plain pointers the builder fills.
+    let mut io: raw::hrm_step_io = unsafe { std::mem::zeroed() };
+    // SAFETY: the graph's context has room for `graph_size` nodes and their tensors; the model
+    // and cache views point at live tensors (the graph keeps their arenas alive), and the C
+    // structs above outlive the call, which only reads them.
+    let rc = unsafe { raw::hrm_build_forward(graph.ctx_raw(), graph.raw(), &c_model, &c_kv, &shape, &mut io) };
+    if rc != 0 {
+        return Err(BuildError::Refused(BuildRefused));
+    }
+    Ok(Step { shape, io, graph })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{0}")]
+    Refused(#[from] BuildRefused),
+    #[error("{0}")]
+    Compute(#[from] ComputeError),
+}
+
+// SAFETY: the io pointers are tensors of the step's own graph context, owned with it.
+unsafe impl Send for Step {}
+
+impl Step {
+    pub fn shape(&self) -> &StepShape {
+        &self.shape
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Allocates the graph on `sched` (if it is not the current allocation), sets the inputs,
+    /// computes, and reads the logits (`n_out` rows of `n_vocab`) into `logits`.
+    pub fn run(&self, sched: &mut Scheduler, inputs: &StepInputs, logits: &mut [f32]) -> Result<(), ComputeError> {
+        sched.ensure_allocated(&self.graph)?;
+        let io = &self.io;
+        let set = |t: *mut super::sys::ggml_tensor, bytes: &[u8], what: &str| {
+            // SAFETY: t is an input tensor of this graph, allocated by the scheduler just above.
+            let n = unsafe { super::sys::ggml_nbytes(t) };
+            assert_eq!(bytes.len(), n, "step input {what}: {} bytes for a tensor of {n}", bytes.len());
+            // SAFETY: allocated, and exactly its size (checked).
+            unsafe { super::sys::ggml_backend_tensor_set(t, bytes.as_ptr() as *const _, 0, n) };
+        };
+        set(io.tokens, bytemuck::cast_slice(inputs.tokens), "tokens");
+        set(io.pos, bytemuck::cast_slice(inputs.pos), "pos");
+        set(io.kv_rows, bytemuck::cast_slice(inputs.kv_rows), "kv_rows");
+        set(io.mask, bytemuck::cast_slice(inputs.mask), "mask");
+        set(io.out_rows, bytemuck::cast_slice(inputs.out_rows), "out_rows");
+        sched.compute(&self.graph)?;
+        let out: &mut [u8] = bytemuck::cast_slice_mut(logits);
+        // SAFETY: the logits tensor of this computed graph.
+        let n = unsafe { super::sys::ggml_nbytes(io.logits) };
+        assert_eq!(out.len(), n, "logits: {} bytes for a tensor of {n}", out.len());
+        // SAFETY: exactly its size (checked).
+        unsafe { super::sys::ggml_backend_tensor_get(io.logits, out.as_mut_ptr() as *mut _, 0, n) };
+        Ok(())
+    }
+}
