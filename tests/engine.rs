@@ -6,7 +6,7 @@ use common::*;
 use frigg::convert::OutType;
 use frigg::engine::{Engine, EngineError, EngineOptions, Rows};
 use frigg::engine::KvType;
-use frigg::tools::parity::argmax;
+use frigg::generate::sampler::argmax;
 
 fn prompts() -> Vec<Vec<u32>> {
     let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();

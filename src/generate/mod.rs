@@ -2,10 +2,12 @@
 
 pub mod constrain;
 pub mod sampler;
+pub mod sequence;
 
 use crate::engine::{Engine, EngineError, Rows};
-use crate::generate::sampler::{Sampler, SamplingParams};
-use crate::text::{StreamDecoder, Tokenizer, TokenizerError};
+use crate::generate::sampler::SamplingParams;
+use crate::text::{Tokenizer, TokenizerError};
+use sequence::{Sequence, SequenceParams};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -14,10 +16,12 @@ pub enum GenerateError {
     Engine(#[from] EngineError),
     #[error("{0}")]
     Tokenizer(#[from] TokenizerError),
-    #[error("prompt ({prompt} tokens) + max tokens ({max_tokens}) = {} exceeds the context length {limit}", prompt + max_tokens)]
+    #[error("prompt ({prompt} tokens) + max tokens ({max_tokens}) = {} exceeds the context length {limit}", *prompt as u128 + *max_tokens as u128)]
     TooLong { prompt: usize, max_tokens: usize, limit: usize },
     #[error("invalid sampling parameters: {0}")]
     Sampling(String),
+    #[error("{0}")]
+    Sequence(String),
 }
 
 #[derive(Debug, Clone)]
@@ -55,7 +59,7 @@ pub struct Output {
 /// is final (stop strings held back, whole characters only).
 pub fn generate(engine: &mut Engine, tok: &Tokenizer, req: &Request, mut on_piece: impl FnMut(&str)) -> Result<Output, GenerateError> {
     let limit = engine.n_ctx();
-    if req.prompt.len() + req.max_tokens > limit {
+    if req.prompt.len().checked_add(req.max_tokens).is_none_or(|n| n > limit) {
         return Err(GenerateError::TooLong { prompt: req.prompt.len(), max_tokens: req.max_tokens, limit });
     }
     req.sampling.validate(engine.hparams().n_vocab as usize).map_err(GenerateError::Sampling)?;
@@ -64,39 +68,30 @@ pub fn generate(engine: &mut Engine, tok: &Tokenizer, req: &Request, mut on_piec
     let mut logits = engine.prefill(0, &req.prompt, Some(&types), Rows::Last)?.pop().expect("one row");
     let prefill = t0.elapsed();
     let t1 = Instant::now();
-    let mut sampler = Sampler::new(req.sampling.clone());
-    let mut dec = StreamDecoder::new();
-    let mut tokens = vec![];
+    let params = SequenceParams { sampling: req.sampling.clone(), stops: req.stops.clone(), ignore_eos: req.ignore_eos, max_tokens: req.max_tokens, logprobs: None };
+    let mut seq = Sequence::new(params, None, None);
     let mut text = String::new();
-    let mut finish = Finish::Length;
+    let mut out = vec![];
     let result = (|| {
-        while tokens.len() < req.max_tokens {
-            let c = sampler.sample(&mut logits);
-            if !req.ignore_eos && tok.is_eos(c.token) {
-                finish = Finish::Stop;
-                break;
+        while let Some(token) = seq.advance(tok, &mut logits, &mut out).map_err(GenerateError::Sequence)? {
+            for o in out.drain(..) {
+                if let sequence::Output::Text { text: piece, .. } = o {
+                    text.push_str(&piece);
+                    on_piece(&piece);
+                }
             }
-            sampler.accept(c.token);
-            tokens.push(c.token);
-            dec.push(tok, c.token)?;
-            let (piece, hit) = dec.next_piece(&req.stops);
-            text.push_str(&piece);
-            on_piece(&piece);
-            if hit.is_some() {
-                finish = Finish::Stop;
-                return Ok(());
-            }
-            if tokens.len() == req.max_tokens {
-                break;
-            }
-            logits = engine.decode(&[(0, c.token)])?.pop().expect("one row");
+            logits = engine.decode(&[(0, token)])?.pop().expect("one row");
         }
-        let rest = dec.flush(tok, &req.stops)?;
-        text.push_str(&rest);
-        on_piece(&rest);
+        for o in out.drain(..) {
+            if let sequence::Output::Text { text: piece, .. } = o {
+                text.push_str(&piece);
+                on_piece(&piece);
+            }
+        }
         Ok::<(), GenerateError>(())
     })();
     engine.release(0);
     result?;
-    Ok(Output { text, tokens, finish, prompt_tokens: req.prompt.len(), prefill, decode: t1.elapsed() })
+    let finish = seq.finish().expect("the loop runs until the sequence ends");
+    Ok(Output { text, tokens: seq.tokens().to_vec(), finish, prompt_tokens: req.prompt.len(), prefill, decode: t1.elapsed() })
 }

@@ -203,7 +203,7 @@ impl Sampler {
             return self.draw_where(logits, |_| true).unwrap_or(Choice { token: 0, logprob: 0.0 });
         }
         if self.params.is_greedy() {
-            let token = crate::tools::parity::argmax(logits);
+            let token = argmax(logits);
             return Choice { token, logprob: log_softmax_at(logits, token as usize, 1.0) };
         }
         let probs = self.distribution(logits);
@@ -256,6 +256,34 @@ impl Sampler {
         }
         probs
     }
+}
+
+/// The first index of the largest value.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The `k` largest entries, largest first (ties: lower id first). Selects before sorting, so
+/// per-token logprobs over a 262k vocabulary do not sort the whole row.
+pub fn top_k(v: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let order = |a: &u32, b: &u32| v[*b as usize].total_cmp(&v[*a as usize]).then(a.cmp(b));
+    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
+    let k = k.min(idx.len());
+    if k == 0 {
+        return vec![];
+    }
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(order);
+    idx.into_iter().map(|i| (i, v[i as usize])).collect()
 }
 
 /// log Σ exp(logits), accumulated in f64.

@@ -2,11 +2,13 @@
 //! between decode steps, so running streams are never starved), decodes every active sequence
 //! in one batched step, and sends each piece of text back as soon as it is final.
 
-use crate::generate::constrain::{CallEvent, CallTracker, Compiled, Constraint, ToolTokens};
 use crate::engine::{Cancel, Engine, EngineError, Rows};
+use crate::generate::constrain::{Compiled, ToolTokens};
+use crate::generate::sampler::SamplingParams;
+use crate::generate::sequence::{Output, Sequence, SequenceParams};
+pub use crate::generate::sequence::TokenLogprob;
 use crate::generate::Finish;
-use crate::generate::sampler::{Sampler, SamplingParams};
-use crate::text::{StreamDecoder, Tokenizer};
+use crate::text::Tokenizer;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -59,13 +61,6 @@ pub enum Event {
     Error(String),
 }
 
-#[derive(Debug, Clone)]
-pub struct TokenLogprob {
-    pub token: u32,
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
-
 /// Live counters the HTTP side reads for /metrics and /health.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -93,18 +88,13 @@ impl Stats {
     }
 }
 
+/// One choice of a request, in its stream.
 struct Seq {
     job: Arc<Job>,
     choice: usize,
     stream: usize,
-    sampler: Sampler,
-    decoder: StreamDecoder,
+    seq: Sequence,
     logits: Vec<f32>,
-    generated: usize,
-    /// Logprobs of tokens whose text the decoder still holds back.
-    pending: Vec<TokenLogprob>,
-    constraint: Option<Constraint>,
-    tracker: Option<CallTracker>,
     /// The token sampled last, fed at the next decode step.
     next: u32,
 }
@@ -221,30 +211,12 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     let _ = job.events.send(Event::Started);
     for (choice, &stream) in free.iter().enumerate() {
         // Choices differ but stay reproducible: choice i samples with seed + i.
-        let mut params = job.sampling.clone();
-        params.seed = params.seed.map(|s| s.wrapping_add(choice as u64));
-        active.push(Seq {
-            job: job.clone(),
-            choice,
-            stream,
-            sampler: Sampler::new(params),
-            decoder: StreamDecoder::new(),
-            logits: logits.clone(),
-            generated: 0,
-            pending: vec![],
-            constraint: constraint.clone(),
-            tracker: job.grammar.as_ref().and_then(|g| g.tools).map(CallTracker::new),
-            next: 0,
-        });
+        let mut sampling = job.sampling.clone();
+        sampling.seed = sampling.seed.map(|s| s.wrapping_add(choice as u64));
+        let params = SequenceParams { sampling, stops: job.stops.clone(), ignore_eos: job.ignore_eos, max_tokens: job.max_tokens, logprobs: job.logprobs };
+        let tools = job.grammar.as_ref().and_then(|g| g.tools);
+        active.push(Seq { job: job.clone(), choice, stream, seq: Sequence::new(params, constraint.clone(), tools), logits: logits.clone(), next: 0 });
     }
-}
-
-/// What sampling one sequence's next token led to.
-enum Next {
-    /// Decode this token at the next step.
-    Token(u32),
-    /// The sequence ended (its final events are sent).
-    Finished,
 }
 
 /// Samples every active sequence, finishes those that ended, decodes the rest in one step
@@ -258,8 +230,8 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
             continue;
         }
         match advance(seq, tok, stats) {
-            Next::Token(t) => seq.next = t,
-            Next::Finished => finished.push(i),
+            Some(t) => seq.next = t,
+            None => finished.push(i),
         }
     }
     for i in finished.into_iter().rev() {
@@ -274,7 +246,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     }
     let pairs: Vec<(usize, u32)> = active.iter().map(|seq| (seq.stream, seq.next)).collect();
     let t0 = Instant::now();
-    let constraints = active.iter_mut().filter_map(|seq| Some((seq.constraint.as_mut()?, seq.job.max_tokens - seq.generated))).collect();
+    let constraints = active.iter_mut().filter_map(|s| s.seq.pending_mask()).collect();
     let decoded = crate::generate::constrain::masks_beside(constraints, || engine.decode(&pairs));
     Stats::add_time(&stats.decode_us, t0);
     stats.decode_steps.fetch_add(1, Ordering::Relaxed);
@@ -297,156 +269,31 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     padding
 }
 
-/// Samples one sequence's next token from its logits (under its constraint's mask), sends
-/// the text that became final, and says whether the sequence goes on.
-fn advance(seq: &mut Seq, tok: &Tokenizer, stats: &Stats) -> Next {
-    let finish_on_eos = if seq.tracker.as_ref().is_some_and(|t| t.calls > 0) { Finish::ToolCalls } else { Finish::Stop };
-    // sample() applies bias and penalties to the logits in place; logprobs report that
-    // adjusted distribution at temperature 1, as OpenAI's do.
-    let c = match &mut seq.constraint {
-        None => seq.sampler.sample(&mut seq.logits),
-        Some(con) if con.finished() => {
-            flush(seq, tok, finish_on_eos);
-            return Next::Finished;
-        }
-        Some(con) => {
-            if let Err(e) = con.mask() {
-                let _ = seq.job.events.send(Event::Error(format!("constrained decoding: {e}")));
-                return Next::Finished;
-            }
-            let ignore_eos = seq.job.ignore_eos;
-            let left = seq.job.max_tokens - seq.generated;
-            let forced = con.forced(left);
-            let con = &*con;
-            let allowed = |t: u32| forced.map_or(con.allows(t) && !(ignore_eos && tok.is_eos(t)), |f| t == f);
-            let first = seq.sampler.sample_allowed(&mut seq.logits, allowed);
-            // Near the end of the budget a sampled token must leave a completion that fits:
-            // else it is refused and another drawn, a few times; then the closing path's first
-            // token, or (no path fits at all) the first draw after all.
-            let mut choice = first;
-            let mut tries = 0;
-            while let Some(c) = choice.filter(|c| forced.is_none() && con.near_end(left) && !tok.is_eos(c.token) && !con.fits_after(c.token, left - 1)) {
-                let refused = seq.logits[c.token as usize];
-                seq.logits[c.token as usize] = f32::NEG_INFINITY;
-                tries += 1;
-                choice = if tries < 8 { seq.sampler.draw_allowed(&mut seq.logits, allowed).filter(|d| seq.logits[d.token as usize].is_finite()) } else { None };
-                if choice.is_none() {
-                    seq.logits[c.token as usize] = refused;
-                }
-            }
-            let fallback = || con.closing_first().filter(|&t| con.allows(t)).map(|token| crate::generate::sampler::Choice { token, logprob: 0.0 }).or(first);
-            match choice.or_else(|| if tries > 0 { fallback() } else { None }) {
-                Some(c) => c,
-                // Only the end of the turn is allowed, and ignore_eos refuses it: the reply is complete.
-                None => {
-                    flush(seq, tok, finish_on_eos);
-                    return Next::Finished;
-                }
-            }
-        }
-    };
-    if !seq.job.ignore_eos && tok.is_eos(c.token) {
-        flush(seq, tok, finish_on_eos);
-        return Next::Finished;
+/// Advances one choice by a token and sends what became final; the token to decode next, or
+/// None once it ended (its final events sent).
+fn advance(s: &mut Seq, tok: &Tokenizer, stats: &Stats) -> Option<u32> {
+    let before = s.seq.tokens().len();
+    let mut out = vec![];
+    let next = s.seq.advance(tok, &mut s.logits, &mut out);
+    stats.generated_tokens.fetch_add(s.seq.tokens().len() - before, Ordering::Relaxed);
+    for o in out {
+        let ev = match o {
+            Output::Text { text, logprobs } => Event::Piece { choice: s.choice, text, tokens: logprobs },
+            Output::CallName { index, name } => Event::ToolName { choice: s.choice, index, id: format!("call_{}_{}_{index}", s.job.id, s.choice), name },
+            Output::CallArgs { index, arguments } => Event::ToolArgs { choice: s.choice, index, arguments },
+        };
+        let _ = s.job.events.send(ev);
     }
-    seq.sampler.accept(c.token);
-    seq.generated += 1;
-    stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-    let mut grammar_done = None;
-    if let Some(con) = &mut seq.constraint {
-        if let Err(e) = con.consume(c.token) {
-            let _ = seq.job.events.send(Event::Error(format!("constrained decoding: {e}")));
-            return Next::Finished;
-        }
-        // A reply the grammar could end here may be complete: look now rather than after
-        // another forward (tool replies end through their tracker instead).
-        if seq.tracker.is_none() && con.accepting() {
-            con.compute_mask(seq.job.max_tokens - seq.generated);
-            if con.finished() {
-                grammar_done = Some(Finish::Stop);
-            }
-        }
-    }
-    let text_token = match &mut seq.tracker {
-        None => true,
-        Some(t) => {
-            let was_text = !t.in_call();
-            let ev = t.advance(c.token, &tok.token_bytes(c.token));
-            if was_text && ev != CallEvent::Text {
-                // text held back for stop strings is final once a call starts
-                let rest = seq.decoder.flush(tok, &seq.job.stops).unwrap_or_default();
-                let tokens = std::mem::take(&mut seq.pending);
-                if !rest.is_empty() || !tokens.is_empty() {
-                    let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
-                }
-            }
-            let index = t.calls.saturating_sub(1);
-            match &ev {
-                CallEvent::Name(name) => {
-                    let id = format!("call_{}_{}_{}", seq.job.id, seq.choice, t.calls);
-                    let _ = seq.job.events.send(Event::ToolName { choice: seq.choice, index: t.calls, id, name: name.clone() });
-                }
-                CallEvent::Call { arguments, .. } => {
-                    let _ = seq.job.events.send(Event::ToolArgs { choice: seq.choice, index, arguments: arguments.to_string() });
-                }
-                CallEvent::End => grammar_done = Some(Finish::ToolCalls),
-                CallEvent::Text | CallEvent::Markup => {}
-            }
-            ev == CallEvent::Text
-        }
-    };
-    let out_of_budget = seq.generated >= seq.job.max_tokens;
-    if !text_token {
-        if let Some(f) = grammar_done {
-            flush(seq, tok, f);
-            return Next::Finished;
-        }
-        if out_of_budget {
-            let complete_calls = seq.tracker.as_ref().is_some_and(CallTracker::after_call);
-            flush(seq, tok, if complete_calls { Finish::ToolCalls } else { Finish::Length });
-            return Next::Finished;
-        }
-        return Next::Token(c.token);
-    }
-    if let Some(k) = seq.job.logprobs {
-        let lse = crate::generate::sampler::logsumexp(&seq.logits);
-        let top = if k > 0 { crate::tools::parity::top_k(&seq.logits, k).into_iter().map(|(id, l)| (id, l - lse)).collect() } else { vec![] };
-        seq.pending.push(TokenLogprob { token: c.token, logprob: seq.logits[c.token as usize] - lse, top });
-    }
-    let stop_hit = match seq.decoder.push(tok, c.token) {
-        Ok(_) => {
-            let (piece, hit) = seq.decoder.next_piece(&seq.job.stops);
-            if !piece.is_empty() || hit.is_some() {
-                let tokens = std::mem::take(&mut seq.pending);
-                let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: piece, tokens });
-            }
-            hit.is_some()
+    match next {
+        Ok(Some(t)) => Some(t),
+        Ok(None) => {
+            let finish = s.seq.finish().expect("an ended sequence says why");
+            let _ = s.job.events.send(Event::Done { choice: s.choice, finish, completion_tokens: s.seq.tokens().len() });
+            None
         }
         Err(e) => {
-            let _ = seq.job.events.send(Event::Error(e.to_string()));
-            return Next::Finished;
+            let _ = s.job.events.send(Event::Error(e));
+            None
         }
-    };
-    if stop_hit {
-        let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish: Finish::Stop, completion_tokens: seq.generated });
-        return Next::Finished;
     }
-    if let Some(f) = grammar_done {
-        flush(seq, tok, f);
-        return Next::Finished;
-    }
-    if out_of_budget {
-        flush(seq, tok, Finish::Length);
-        return Next::Finished;
-    }
-    Next::Token(c.token)
-}
-
-fn flush(seq: &mut Seq, tok: &Tokenizer, finish: Finish) {
-    let rest = seq.decoder.flush(tok, &seq.job.stops).unwrap_or_default();
-    let tokens = std::mem::take(&mut seq.pending);
-    if !rest.is_empty() || !tokens.is_empty() {
-        let _ = seq.job.events.send(Event::Piece { choice: seq.choice, text: rest, tokens });
-    }
-    let _ = seq.job.events.send(Event::Done { choice: seq.choice, finish, completion_tokens: seq.generated });
 }

@@ -5,7 +5,7 @@
 use crate::engine::{Engine, EngineOptions, Rows};
 use crate::ggml::llama::LlamaPeer;
 use crate::engine::KvType;
-use crate::tools::parity::argmax;
+use crate::generate::sampler::argmax;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;

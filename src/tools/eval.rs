@@ -9,7 +9,7 @@ use crate::text::chat::ChatTemplate;
 use crate::engine::{Engine, EngineOptions};
 use crate::generate::{generate, Request};
 use crate::ggml::llama::LlamaPeer;
-use crate::tools::parity::argmax;
+use crate::generate::sampler::argmax;
 use crate::generate::sampler::SamplingParams;
 use crate::text::Tokenizer;
 use serde::{Deserialize, Serialize};

@@ -2,6 +2,7 @@
 //! `frigg parity` compares them with goldens produced by `scripts/make_fixtures.py`.
 
 use crate::engine::{Engine, EngineError, Rows};
+use crate::generate::sampler::{argmax, top_k};
 use serde::{Deserialize, Serialize};
 
 /// One input line of `frigg logits --cases`.
@@ -32,33 +33,6 @@ pub struct CaseResult {
     pub all_argmax: Option<Vec<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_logits: Option<Vec<f32>>,
-}
-
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// The `k` largest entries, largest first (ties: lower id first). Selects before sorting, so
-/// per-token logprobs over a 262k vocabulary do not sort the whole row.
-pub fn top_k(v: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let order = |a: &u32, b: &u32| v[*b as usize].total_cmp(&v[*a as usize]).then(a.cmp(b));
-    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
-    let k = k.min(idx.len());
-    if k == 0 {
-        return vec![];
-    }
-    if k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, order);
-        idx.truncate(k);
-    }
-    idx.sort_unstable_by(order);
-    idx.into_iter().map(|i| (i, v[i as usize])).collect()
 }
 
 /// Runs one case on stream 0: the first forward with the case's mask (all rows' argmaxes in
