@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use frigg::convert::OutType;
-use frigg::engine::{Engine, EngineError, EngineOptions, Rows};
+use frigg::engine::{Engine, EngineError, EngineOptions, Rows, StreamId, TokenId};
 use frigg::engine::KvType;
 use frigg::generate::sampler::argmax;
 
@@ -28,15 +28,15 @@ fn engine(ty: OutType, kv: KvType, n_stream: usize) -> (tempfile::TempDir, Engin
 /// Greedy continuation of `prompt` alone in stream 0: tokens and the bits of every row of logits.
 fn alone(e: &mut Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<u32>>) {
     let ones = vec![1; prompt.len()];
-    let first = e.prefill(0, prompt, Some(&ones), Rows::Last).unwrap();
+    let first = e.prefill(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last).unwrap();
     let mut toks = vec![argmax(&first[0])];
     let mut bits = vec![];
     for _ in 0..steps {
-        let l = e.decode(&[(0, *toks.last().unwrap())]).unwrap();
+        let l = e.decode(&[(StreamId(0), TokenId(*toks.last().unwrap()))]).unwrap();
         bits.push(l[0].iter().map(|x| x.to_bits()).collect());
         toks.push(argmax(&l[0]));
     }
-    e.release(0);
+    e.release(StreamId(0));
     (toks, bits)
 }
 
@@ -51,10 +51,10 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
             let mut next = vec![];
             for (s, p) in prompts.iter().take(n).enumerate() {
                 let ones = vec![1; p.len()];
-                next.push(argmax(&e.prefill(s, p, Some(&ones), Rows::Last).unwrap()[0]));
+                next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(&p), Some(&ones), Rows::Last).unwrap()[0]));
             }
             for step in 0..steps {
-                let batch: Vec<(usize, u32)> = next.iter().copied().enumerate().collect();
+                let batch: Vec<(StreamId, TokenId)> = next.iter().enumerate().map(|(s, &n)| (StreamId(s), TokenId(n))).collect();
                 let rows = e.decode(&batch).unwrap();
                 for (s, row) in rows.iter().enumerate() {
                     let bits: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
@@ -64,7 +64,7 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
                 }
             }
             for s in 0..n {
-                e.release(s);
+                e.release(StreamId(s));
             }
         }
     }
@@ -77,48 +77,48 @@ fn rewind_then_replay_equals_a_fresh_run_and_fork_and_move_copy_the_sequence() {
     let (fresh, bits) = alone(&mut e, p, 6);
     // Run, rewind to just after the prompt, replay: same tokens and logits.
     let ones = vec![1; p.len()];
-    e.prefill(0, p, Some(&ones), Rows::Last).unwrap();
+    e.prefill(StreamId(0), TokenId::slice(&p), Some(&ones), Rows::Last).unwrap();
     for t in &fresh[..4] {
-        e.decode(&[(0, *t)]).unwrap();
+        e.decode(&[(StreamId(0), TokenId(*t))]).unwrap();
     }
-    e.rewind(0, p.len()).unwrap();
+    e.rewind(StreamId(0), p.len()).unwrap();
     for (i, t) in fresh[..6].iter().enumerate() {
-        let l = e.decode(&[(0, *t)]).unwrap();
+        let l = e.decode(&[(StreamId(0), TokenId(*t))]).unwrap();
         assert_eq!(l[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[i], "replay step {i}");
     }
     // Fork stream 0's prompt into stream 2 and continue both: identical rows.
-    e.rewind(0, p.len()).unwrap();
-    e.fork(0, 2).unwrap();
-    let rows = e.decode(&[(0, fresh[0]), (2, fresh[0])]).unwrap();
+    e.rewind(StreamId(0), p.len()).unwrap();
+    e.fork(StreamId(0), StreamId(2)).unwrap();
+    let rows = e.decode(&[(StreamId(0), TokenId(fresh[0])), (StreamId(2), TokenId(fresh[0]))]).unwrap();
     assert_eq!(rows[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[0]);
     assert_eq!(rows[1].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[0]);
     // Move stream 2 mid-sequence into stream 1 and continue it there: the rows of a sequence
     // that never moved. A move onto a live stream is refused.
-    assert!(e.move_stream(2, 0).is_err());
-    e.release(0);
-    e.move_stream(2, 1).unwrap();
-    assert_eq!((e.stream_len(1), e.stream_len(2)), (Some(p.len() + 1), None));
-    let rows = e.decode(&[(1, fresh[1])]).unwrap();
+    assert!(e.move_stream(StreamId(2), StreamId(0)).is_err());
+    e.release(StreamId(0));
+    e.move_stream(StreamId(2), StreamId(1)).unwrap();
+    assert_eq!((e.stream_len(StreamId(1)), e.stream_len(StreamId(2))), (Some(p.len() + 1), None));
+    let rows = e.decode(&[(StreamId(1), TokenId(fresh[1]))]).unwrap();
     assert_eq!(rows[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits[1]);
 }
 
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
     let (_d, mut e) = engine(OutType::Q8_0, KvType::F16, 1);
-    assert!(matches!(e.prefill(0, &[], None, Rows::Last), Err(EngineError::EmptyPrompt)));
-    assert!(matches!(e.prefill(0, &[5, 1280], None, Rows::Last), Err(EngineError::BadToken { id: 1280, .. })));
+    assert!(matches!(e.prefill(StreamId(0), TokenId::slice(&[]), None, Rows::Last), Err(EngineError::EmptyPrompt)));
+    assert!(matches!(e.prefill(StreamId(0), TokenId::slice(&[5, 1280]), None, Rows::Last), Err(EngineError::BadToken { id: 1280, .. })));
     let long: Vec<u32> = vec![7; 257];
-    match e.prefill(0, &long, None, Rows::Last) {
+    match e.prefill(StreamId(0), TokenId::slice(&long), None, Rows::Last) {
         Err(EngineError::ContextFull { needed: 257, limit: 256 }) => {}
         other => panic!("{other:?}"),
     }
-    assert!(matches!(e.prefill(0, &[5, 6], Some(&[1]), Rows::Last), Err(EngineError::TypesLength { .. })));
-    assert!(matches!(e.decode(&[(0, 5)]), Err(EngineError::BadStream(0))));
-    assert!(matches!(e.prefill(3, &[5], None, Rows::Last), Err(EngineError::BadStream(3))));
+    assert!(matches!(e.prefill(StreamId(0), TokenId::slice(&[5, 6]), Some(&[1]), Rows::Last), Err(EngineError::TypesLength { .. })));
+    assert!(matches!(e.decode(&[(StreamId(0), TokenId(5))]), Err(EngineError::BadStream(0))));
+    assert!(matches!(e.prefill(StreamId(3), TokenId::slice(&[5]), None, Rows::Last), Err(EngineError::BadStream(3))));
     // The context wall holds in decode too.
     let full: Vec<u32> = vec![7; 256];
-    e.prefill(0, &full, None, Rows::Last).unwrap();
-    assert!(matches!(e.decode(&[(0, 5)]), Err(EngineError::ContextFull { needed: 257, limit: 256 })));
+    e.prefill(StreamId(0), TokenId::slice(&full), None, Rows::Last).unwrap();
+    assert!(matches!(e.decode(&[(StreamId(0), TokenId(5))]), Err(EngineError::ContextFull { needed: 257, limit: 256 })));
 }
 
 #[test]
@@ -152,10 +152,10 @@ fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
             asked.get() > after
         };
         let ones = vec![1; prompt.len()];
-        let r = e.prefill_cancellable(0, prompt, Some(&ones), Rows::Last, Some(&Cancel(&ask)));
+        let r = e.prefill_cancellable(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last, Some(&Cancel(&ask)));
         assert!(matches!(r, Err(EngineError::Cancelled)), "cancel after {after} nodes: {r:?}");
         assert_eq!(asked.get(), after + 1, "ggml stops at the first node after cancel says yes");
-        assert_eq!(e.free_stream(), Some(0), "a cancelled prefill leaves its stream free");
+        assert_eq!(e.free_stream(), Some(StreamId(0)), "a cancelled prefill leaves its stream free");
         assert_eq!(alone(&mut e, prompt, 6), (want_toks.clone(), want_bits.clone()));
     }
     // Never cancelled: the callback is asked once per node and changes nothing.
@@ -165,9 +165,9 @@ fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
         false
     };
     let ones = vec![1; prompt.len()];
-    e.prefill_cancellable(0, prompt, Some(&ones), Rows::Last, Some(&Cancel(&ask))).unwrap();
+    e.prefill_cancellable(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last, Some(&Cancel(&ask))).unwrap();
     assert!(asked.get() > 25, "asked {} times", asked.get());
-    e.release(0);
+    e.release(StreamId(0));
 }
 
 /// Four prompts prefilled in streams 0..4, then ten decode steps of all four, teacher-forced
@@ -178,11 +178,11 @@ fn teacher_forced_decode(gguf: &std::path::Path, opts: EngineOptions) -> Vec<Vec
     let mut next = vec![];
     for (s, p) in prompts().iter().take(4).enumerate() {
         let ones = vec![1; p.len()];
-        next.push(argmax(&e.prefill(s, p, Some(&ones), Rows::Last).unwrap()[0]));
+        next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(&p), Some(&ones), Rows::Last).unwrap()[0]));
     }
     (0..10u32)
         .map(|t| {
-            let batch: Vec<(usize, u32)> = next.iter().enumerate().map(|(s, &n)| (s, if t == 0 { n } else { 5 + t })).collect();
+            let batch: Vec<(StreamId, TokenId)> = next.iter().enumerate().map(|(s, &n)| (StreamId(s), TokenId(if t == 0 { n } else { 5 + t }))).collect();
             e.decode(&batch).unwrap()
         })
         .collect()
@@ -259,12 +259,12 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
         let mut next = vec![];
         for (s, p) in prompts().iter().take(4).enumerate() {
             let ones = vec![1; p.len()];
-            next.push(argmax(&e.prefill(s, p, Some(&ones), Rows::Last).unwrap()[0]));
+            next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(&p), Some(&ones), Rows::Last).unwrap()[0]));
         }
         let mut bits = vec![];
         for t in 0..6u32 {
             let n = 1 + (t as usize % 4); // batches of 1, 2, 3, 4 streams
-            let batch: Vec<(usize, u32)> = next.iter().take(n).enumerate().map(|(s, &tok)| (s, tok + t)).collect();
+            let batch: Vec<(StreamId, TokenId)> = next.iter().take(n).enumerate().map(|(s, &tok)| (StreamId(s), TokenId(tok + t))).collect();
             for row in e.decode(&batch).unwrap() {
                 bits.push(row.iter().map(|x| x.to_bits()).collect());
             }

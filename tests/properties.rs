@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use frigg::convert::OutType;
-use frigg::engine::{Engine, EngineOptions, Rows};
+use frigg::engine::{Engine, EngineOptions, Rows, StreamId, TokenId};
 use frigg::ggml::ext::fill_mask;
 use frigg::ggml::gguf::GgufFile;
 use frigg::engine::KvType;
@@ -112,17 +112,17 @@ proptest! {
         let f = fixture();
         let mut e = Engine::load(&f.gguf, &EngineOptions { threads: 1, n_ctx: 64, n_stream: 1, kv_type: KvType::F32, ..Default::default() }).unwrap();
         let ones = vec![1; prompt.len()];
-        e.prefill(0, &prompt, Some(&ones), Rows::Last).unwrap();
-        let fresh: Vec<Vec<u32>> = cont.iter().map(|&t| e.decode(&[(0, t)]).unwrap()[0].iter().map(|x| x.to_bits()).collect()).collect();
+        e.prefill(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last).unwrap();
+        let fresh: Vec<Vec<u32>> = cont.iter().map(|&t| e.decode(&[(StreamId(0), TokenId(t))]).unwrap()[0].iter().map(|x| x.to_bits()).collect()).collect();
         let keep = cut % cont.len();
-        e.rewind(0, prompt.len() + keep).unwrap();
+        e.rewind(StreamId(0), prompt.len() + keep).unwrap();
         // overwrite the cells past the rewind point with other tokens, then rewind again
         for &t in &other {
-            e.decode(&[(0, t)]).unwrap();
+            e.decode(&[(StreamId(0), TokenId(t))]).unwrap();
         }
-        e.rewind(0, prompt.len() + keep).unwrap();
+        e.rewind(StreamId(0), prompt.len() + keep).unwrap();
         for (k, &t) in cont.iter().enumerate().skip(keep) {
-            let bits: Vec<u32> = e.decode(&[(0, t)]).unwrap()[0].iter().map(|x| x.to_bits()).collect();
+            let bits: Vec<u32> = e.decode(&[(StreamId(0), TokenId(t))]).unwrap()[0].iter().map(|x| x.to_bits()).collect();
             prop_assert!(bits == fresh[k], "step {} after rewinding to {}", k, prompt.len() + keep);
         }
     }

@@ -55,6 +55,23 @@ impl From<ext::BuildError> for EngineError {
     }
 }
 
+/// A sequence's place in the KV cache: stream `i` holds cells `i*(n_ctx+1)..(i+1)*(n_ctx+1)`
+/// of every virtual layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub usize);
+
+/// An index into the vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+pub struct TokenId(pub u32);
+
+impl TokenId {
+    /// Token ids as they come from the tokenizer, seen as `TokenId`s (no copy).
+    pub fn slice(ids: &[u32]) -> &[TokenId] {
+        bytemuck::cast_slice(ids)
+    }
+}
+
 /// Where the engine runs and how much it holds.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -288,26 +305,26 @@ impl Engine {
         gpu + self.sched_first.buffer_size(&self.backends[n - 2]) + self.sched_decode.buffer_size(&self.backends[n - 1])
     }
 
-    pub fn stream_len(&self, stream: usize) -> Option<usize> {
-        self.lens.get(stream).copied().flatten()
+    pub fn stream_len(&self, stream: StreamId) -> Option<usize> {
+        self.lens.get(stream.0).copied().flatten()
     }
 
     /// Frees a stream (its cells are simply reused later).
-    pub fn release(&mut self, stream: usize) {
-        if let Some(l) = self.lens.get_mut(stream) {
+    pub fn release(&mut self, stream: StreamId) {
+        if let Some(l) = self.lens.get_mut(stream.0) {
             *l = None;
         }
     }
 
     /// The lowest free stream.
-    pub fn free_stream(&self) -> Option<usize> {
-        self.lens.iter().position(Option::is_none)
+    pub fn free_stream(&self) -> Option<StreamId> {
+        self.lens.iter().position(Option::is_none).map(StreamId)
     }
 
-    fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+    fn check_tokens(&self, tokens: &[TokenId]) -> Result<(), EngineError> {
         let n_vocab = self.model.hp.n_vocab;
-        match tokens.iter().find(|&&t| t >= n_vocab) {
-            Some(&id) => Err(EngineError::BadToken { id, n_vocab }),
+        match tokens.iter().find(|t| t.0 >= n_vocab) {
+            Some(&id) => Err(EngineError::BadToken { id: id.0, n_vocab }),
             None => Ok(()),
         }
     }
@@ -351,15 +368,15 @@ impl Engine {
     /// The first forward of a sequence in `stream`: all `tokens` at positions `0..n`, with the
     /// PrefixLM mask from `token_types` (None = causal; a prompt is all ones). Writes the
     /// stream's cache and returns logits for the requested rows.
-    pub fn prefill(&mut self, stream: usize, tokens: &[u32], token_types: Option<&[i32]>, rows: Rows) -> Result<Vec<Vec<f32>>, EngineError> {
+    pub fn prefill(&mut self, stream: StreamId, tokens: &[TokenId], token_types: Option<&[i32]>, rows: Rows) -> Result<Vec<Vec<f32>>, EngineError> {
         self.prefill_cancellable(stream, tokens, token_types, rows, None)
     }
 
     /// `prefill`, stopped between graph nodes once `cancel` says so (on the CPU): then it
     /// returns `ComputeError::Cancelled` and the stream stays free.
-    pub fn prefill_cancellable(&mut self, stream: usize, tokens: &[u32], token_types: Option<&[i32]>, rows: Rows, cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
-        if stream >= self.kv.n_stream {
-            return Err(EngineError::BadStream(stream));
+    pub fn prefill_cancellable(&mut self, stream: StreamId, tokens: &[TokenId], token_types: Option<&[i32]>, rows: Rows, cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
+        if stream.0 >= self.kv.n_stream {
+            return Err(EngineError::BadStream(stream.0));
         }
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -381,16 +398,16 @@ impl Engine {
         let step = self.step(n as i32, 1, n as i32, out.len() as i32, true);
         let built = self.build(step)?;
         let pos: Vec<i32> = (0..n as i32).collect();
-        let base = (stream * self.kv.cells_per_stream()) as i64;
+        let base = (stream.0 * self.kv.cells_per_stream()) as i64;
         let kv_rows: Vec<i64> = (0..n as i64).map(|p| base + p).collect();
         let mut mask = vec![0u16; n * n];
         assert!(fill_mask(&mut mask, n, n, &pos, token_types), "mask arguments are consistent by construction");
-        let toks: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let toks: Vec<i32> = tokens.iter().map(|t| t.0 as i32).collect();
         let inputs = StepInputs { tokens: &toks, pos: &pos, kv_rows: &kv_rows, mask: &mask, out_rows: &out };
         let logits = self.run(true, &built, &inputs, cancel);
         self.sched_first.forget(built.graph());
         let logits = logits?;
-        self.lens[stream] = Some(n);
+        self.lens[stream.0] = Some(n);
         Ok(logits)
     }
 
@@ -400,13 +417,13 @@ impl Engine {
     ///
     /// Batch invariance: decode runs on the CPU backend with ggml's reference kernels, whose
     /// arithmetic per output element does not depend on how many rows the step has.
-    pub fn decode(&mut self, batch: &[(usize, u32)]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let tokens: Vec<u32> = batch.iter().map(|b| b.1).collect();
+    pub fn decode(&mut self, batch: &[(StreamId, TokenId)]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let tokens: Vec<TokenId> = batch.iter().map(|b| b.1).collect();
         self.check_tokens(&tokens)?;
         let mut n_stream = 0;
         let mut n_kv_needed = 0;
-        for &(s, _) in batch {
-            let len = self.stream_len(s).ok_or(EngineError::BadStream(s))?;
+        for &(StreamId(s), _) in batch {
+            let len = self.stream_len(StreamId(s)).ok_or(EngineError::BadStream(s))?;
             if len + 1 > self.kv.n_ctx {
                 return Err(EngineError::ContextFull { needed: len + 1, limit: self.kv.n_ctx });
             }
@@ -436,9 +453,9 @@ impl Engine {
         for s in 0..n_stream {
             fill_mask(&mut mask[s * n_kv..(s + 1) * n_kv], n_kv, n_kv, &[0], None);
         }
-        for &(s, t) in batch {
+        for &(StreamId(s), t) in batch {
             let p = self.lens[s].expect("checked above");
-            toks[s] = t as i32;
+            toks[s] = t.0 as i32;
             pos[s] = p as i32;
             rows[s] = (s * cells + p) as i64;
             // Decode rows see their whole sequence: cells 0..=p.
@@ -450,52 +467,52 @@ impl Engine {
         let logits = self.run(false, &built, &inputs, None);
         self.decode_graph = Some(built);
         let mut logits = logits?;
-        for &(s, _) in batch {
+        for &(StreamId(s), _) in batch {
             *self.lens[s].as_mut().expect("checked") += 1;
         }
-        Ok(batch.iter().map(|&(s, _)| std::mem::take(&mut logits[s])).collect())
+        Ok(batch.iter().map(|&(StreamId(s), _)| std::mem::take(&mut logits[s])).collect())
     }
 
     /// Benchmarks only: marks `len` positions of `stream` as filled without computing them
     /// (their cache cells hold whatever they held). Decode attends to all of them, so its
     /// cost is that of a real sequence at this length; its logits mean nothing.
-    pub fn fill_for_benchmark(&mut self, stream: usize, len: usize) -> Result<(), EngineError> {
-        if stream >= self.kv.n_stream || len >= self.kv.n_ctx {
-            return Err(EngineError::BadStream(stream));
+    pub fn fill_for_benchmark(&mut self, stream: StreamId, len: usize) -> Result<(), EngineError> {
+        if stream.0 >= self.kv.n_stream || len >= self.kv.n_ctx {
+            return Err(EngineError::BadStream(stream.0));
         }
-        self.lens[stream] = Some(len);
+        self.lens[stream.0] = Some(len);
         Ok(())
     }
 
     /// Shortens a stream to `len` positions (regenerate from there); later cells are masked.
-    pub fn rewind(&mut self, stream: usize, len: usize) -> Result<(), EngineError> {
-        match self.lens.get_mut(stream) {
+    pub fn rewind(&mut self, stream: StreamId, len: usize) -> Result<(), EngineError> {
+        match self.lens.get_mut(stream.0) {
             Some(Some(l)) if len <= *l => {
                 *l = len;
                 Ok(())
             }
-            _ => Err(EngineError::BadStream(stream)),
+            _ => Err(EngineError::BadStream(stream.0)),
         }
     }
 
     /// Copies the first `len` cells of every slot from stream `src` into stream `dst`
     /// (n > 1 choices share one prefill).
-    pub fn fork(&mut self, src: usize, dst: usize) -> Result<(), EngineError> {
-        let len = self.stream_len(src).ok_or(EngineError::BadStream(src))?;
-        if dst >= self.kv.n_stream || dst == src {
-            return Err(EngineError::BadStream(dst));
+    pub fn fork(&mut self, src: StreamId, dst: StreamId) -> Result<(), EngineError> {
+        let len = self.stream_len(src).ok_or(EngineError::BadStream(src.0))?;
+        if dst.0 >= self.kv.n_stream || dst == src {
+            return Err(EngineError::BadStream(dst.0));
         }
-        self.kv.copy_stream(src, dst, len);
-        self.lens[dst] = Some(len);
+        self.kv.copy_stream(src.0, dst.0, len);
+        self.lens[dst.0] = Some(len);
         Ok(())
     }
 
     /// Moves stream `src`'s sequence into the free stream `dst`: its cells are copied and `src`
     /// is freed. A decode step computes rows 0..=the highest stream it names, so packing live
     /// sequences low keeps free streams below them from costing a padding row every step.
-    pub fn move_stream(&mut self, src: usize, dst: usize) -> Result<(), EngineError> {
+    pub fn move_stream(&mut self, src: StreamId, dst: StreamId) -> Result<(), EngineError> {
         if self.stream_len(dst).is_some() {
-            return Err(EngineError::BadStream(dst));
+            return Err(EngineError::BadStream(dst.0));
         }
         self.fork(src, dst)?;
         self.release(src);

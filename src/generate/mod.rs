@@ -4,7 +4,7 @@ pub mod constrain;
 pub mod sampler;
 pub mod sequence;
 
-use crate::engine::{Engine, EngineError, Rows};
+use crate::engine::{Engine, EngineError, Rows, StreamId, TokenId};
 use crate::generate::sampler::SamplingParams;
 use crate::text::{Tokenizer, TokenizerError};
 use sequence::{Sequence, SequenceParams};
@@ -65,32 +65,31 @@ pub fn generate(engine: &mut Engine, tok: &Tokenizer, req: &Request, mut on_piec
     req.sampling.validate(engine.hparams().n_vocab as usize).map_err(GenerateError::Sampling)?;
     let types = req.token_types.clone().unwrap_or_else(|| vec![1; req.prompt.len()]);
     let t0 = Instant::now();
-    let mut logits = engine.prefill(0, &req.prompt, Some(&types), Rows::Last)?.pop().expect("one row");
+    let stream = StreamId(0);
+    let mut logits = engine.prefill(stream, TokenId::slice(&req.prompt), Some(&types), Rows::Last)?.pop().expect("one row");
     let prefill = t0.elapsed();
     let t1 = Instant::now();
     let params = SequenceParams { sampling: req.sampling.clone(), stops: req.stops.clone(), ignore_eos: req.ignore_eos, max_tokens: req.max_tokens, logprobs: None };
     let mut seq = Sequence::new(params, None, None);
     let mut text = String::new();
     let mut out = vec![];
-    let result = (|| {
-        while let Some(token) = seq.advance(tok, &mut logits, &mut out).map_err(GenerateError::Sequence)? {
-            for o in out.drain(..) {
-                if let sequence::Output::Text { text: piece, .. } = o {
-                    text.push_str(&piece);
-                    on_piece(&piece);
-                }
-            }
-            logits = engine.decode(&[(0, token)])?.pop().expect("one row");
-        }
+    let mut emit = |out: &mut Vec<sequence::Output>| {
         for o in out.drain(..) {
             if let sequence::Output::Text { text: piece, .. } = o {
                 text.push_str(&piece);
                 on_piece(&piece);
             }
         }
+    };
+    let result = (|| {
+        while let Some(token) = seq.advance(tok, &mut logits, &mut out).map_err(GenerateError::Sequence)? {
+            emit(&mut out);
+            logits = engine.decode(&[(stream, TokenId(token))])?.pop().expect("one row");
+        }
+        emit(&mut out);
         Ok::<(), GenerateError>(())
     })();
-    engine.release(0);
+    engine.release(stream);
     result?;
     let finish = seq.finish().expect("the loop runs until the sequence ends");
     Ok(Output { text, tokens: seq.tokens().to_vec(), finish, prompt_tokens: req.prompt.len(), prefill, decode: t1.elapsed() })

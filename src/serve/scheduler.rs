@@ -2,7 +2,7 @@
 //! between decode steps, so running streams are never starved), decodes every active sequence
 //! in one batched step, and sends each piece of text back as soon as it is final.
 
-use crate::engine::{Cancel, Engine, EngineError, Rows};
+use crate::engine::{Cancel, Engine, EngineError, Rows, StreamId, TokenId};
 use crate::generate::constrain::{Compiled, ToolTokens};
 use crate::generate::sampler::SamplingParams;
 use crate::generate::sequence::{Output, Sequence, SequenceParams};
@@ -92,7 +92,7 @@ impl Stats {
 struct Seq {
     job: Arc<Job>,
     choice: usize,
-    stream: usize,
+    stream: StreamId,
     seq: Sequence,
     logits: Vec<f32>,
     /// The token sampled last, fed at the next decode step.
@@ -163,7 +163,7 @@ fn compact(engine: &mut Engine, active: &mut [Seq]) {
             return;
         }
         if let Err(e) = engine.move_stream(top.stream, hole) {
-            tracing::warn!("could not move stream {} to {hole}: {e}", top.stream);
+            tracing::warn!("could not move stream {} to {}: {e}", top.stream.0, hole.0);
             return;
         }
         top.stream = hole;
@@ -175,7 +175,7 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     if job.events.is_closed() {
         return; // the client left while queued
     }
-    let free: Vec<usize> = (0..engine.n_stream()).filter(|s| engine.stream_len(*s).is_none()).take(job.n).collect();
+    let free: Vec<StreamId> = (0..engine.n_stream()).map(StreamId).filter(|&s| engine.stream_len(s).is_none()).take(job.n).collect();
     if free.len() < job.n {
         let _ = job.events.send(Event::Error(format!("n = {} exceeds the server's {} slots", job.n, engine.n_stream())));
         return;
@@ -188,7 +188,7 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     // The first mask is computed while the prompt is prefilled.
     let mut constraint = job.grammar.as_ref().map(|g| g.compiled.constraint());
     let pending = constraint.iter_mut().map(|c| (c, job.max_tokens)).collect();
-    let prefilled = crate::generate::constrain::masks_beside(pending, || engine.prefill_cancellable(free[0], &job.prompt, Some(&ones), Rows::Last, Some(&cancel)));
+    let prefilled = crate::generate::constrain::masks_beside(pending, || engine.prefill_cancellable(free[0], TokenId::slice(&job.prompt), Some(&ones), Rows::Last, Some(&cancel)));
     Stats::add_time(&stats.prefill_us, t0);
     let logits = match prefilled {
         Ok(mut l) => l.pop().expect("one row"),
@@ -244,14 +244,14 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     if active.is_empty() {
         return 0;
     }
-    let pairs: Vec<(usize, u32)> = active.iter().map(|seq| (seq.stream, seq.next)).collect();
+    let pairs: Vec<(StreamId, TokenId)> = active.iter().map(|seq| (seq.stream, TokenId(seq.next))).collect();
     let t0 = Instant::now();
     let constraints = active.iter_mut().filter_map(|s| s.seq.pending_mask()).collect();
     let decoded = crate::generate::constrain::masks_beside(constraints, || engine.decode(&pairs));
     Stats::add_time(&stats.decode_us, t0);
     stats.decode_steps.fetch_add(1, Ordering::Relaxed);
     stats.decode_rows.fetch_add(pairs.len(), Ordering::Relaxed);
-    let padding = pairs.iter().map(|p| p.0 + 1).max().unwrap_or(0) - pairs.len();
+    let padding = pairs.iter().map(|p| p.0 .0 + 1).max().unwrap_or(0) - pairs.len();
     stats.decode_padding_rows.fetch_add(padding, Ordering::Relaxed);
     match decoded {
         Ok(rows) => {

@@ -2,7 +2,7 @@
 //! llama.cpp's own `hrm_text` (libllama, same ggml, same file, same threads) alternately in one
 //! process and reports the per-pair ratios with the machine and its load beside them.
 
-use crate::engine::{Engine, EngineOptions, Rows};
+use crate::engine::{Engine, EngineOptions, Rows, StreamId, TokenId};
 use crate::ggml::llama::LlamaPeer;
 use crate::engine::KvType;
 use crate::generate::sampler::argmax;
@@ -76,14 +76,14 @@ fn prompt_ids(n: usize, n_vocab: u32) -> Vec<u32> {
 fn time_frigg(e: &mut Engine, prompt: &[u32], n: usize) -> Result<Timing, String> {
     let ones = vec![1; prompt.len()];
     let t0 = Instant::now();
-    let l = e.prefill(0, prompt, Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
+    let l = e.prefill(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
     let t1 = Instant::now();
     let mut next = argmax(&l[0]);
     for _ in 0..n {
-        next = argmax(&e.decode(&[(0, next)]).map_err(|e| e.to_string())?[0]);
+        next = argmax(&e.decode(&[(StreamId(0), TokenId(next))]).map_err(|e| e.to_string())?[0]);
     }
     let t2 = Instant::now();
-    e.release(0);
+    e.release(StreamId(0));
     Ok(Timing { prefill_tok_s: prompt.len() as f64 / (t1 - t0).as_secs_f64(), decode_tok_s: n as f64 / (t2 - t1).as_secs_f64() })
 }
 
@@ -448,9 +448,9 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                     let ones = vec![1; prompt.len()];
                     for _ in 0..o.reps {
                         let t0 = Instant::now();
-                        e.prefill(0, &prompt, Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
+                        e.prefill(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
                         prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
-                        e.release(0);
+                        e.release(StreamId(0));
                         if let Some(p) = peer.as_mut() {
                             p.clear();
                             let t0 = Instant::now();
@@ -475,9 +475,9 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         for rep in 0..=o.reps {
                             let steps = if rep == 0 { 1 } else { o.steps };
                             for s in 0..b {
-                                e.fill_for_benchmark(s, ctx).map_err(|e| e.to_string())?;
+                                e.fill_for_benchmark(StreamId(s), ctx).map_err(|e| e.to_string())?;
                             }
-                            let batch: Vec<(usize, u32)> = (0..b).map(|s| (s, 1000 + s as u32)).collect();
+                            let batch: Vec<(StreamId, TokenId)> = (0..b).map(|s| (StreamId(s), TokenId(1000 + s as u32))).collect();
                             let t0 = Instant::now();
                             for _ in 0..steps {
                                 e.decode(&batch).map_err(|e| e.to_string())?;
@@ -486,7 +486,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                                 runs.push((b * steps) as f64 / t0.elapsed().as_secs_f64());
                             }
                             for s in 0..b {
-                                e.release(s);
+                                e.release(StreamId(s));
                             }
                             if let Some(p) = peer.as_mut() {
                                 let t0 = Instant::now();
@@ -664,9 +664,9 @@ pub fn grammar(o: &GrammarOptions) -> Result<Vec<GrammarCell>, String> {
                     c.compute_mask(budget);
                 }
                 for s in 0..b {
-                    e.fill_for_benchmark(s, o.context).map_err(|e| e.to_string())?;
+                    e.fill_for_benchmark(StreamId(s), o.context).map_err(|e| e.to_string())?;
                 }
-                let mut logits: Vec<Vec<f32>> = e.decode(&(0..b).map(|s| (s, 1000 + s as u32)).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
+                let mut logits: Vec<Vec<f32>> = e.decode(&(0..b).map(|s| (StreamId(s), TokenId(1000 + s as u32))).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
                 let t0 = Instant::now();
                 for _ in 0..o.steps {
                     let mut batch = Vec::with_capacity(b);
@@ -685,14 +685,14 @@ pub fn grammar(o: &GrammarOptions) -> Result<Vec<GrammarCell>, String> {
                             }
                         };
                         samplers[s].accept(token);
-                        batch.push((s, token));
+                        batch.push((StreamId(s), TokenId(token)));
                     }
                     let pending = cons.iter_mut().flatten().map(|c| (c, budget)).collect();
                     logits = masks_beside(pending, || e.decode(&batch)).map_err(|e| e.to_string())?;
                 }
                 let tok_s = (b * o.steps) as f64 / t0.elapsed().as_secs_f64();
                 for s in 0..b {
-                    e.release(s);
+                    e.release(StreamId(s));
                 }
                 if rep > 0 {
                     if arm_constrained { constrained.push(tok_s) } else { free.push(tok_s) }

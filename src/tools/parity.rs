@@ -1,7 +1,7 @@
 //! The parity contract with the transformers reference: `frigg logits` runs fixed cases and
 //! `frigg parity` compares them with goldens produced by `scripts/make_fixtures.py`.
 
-use crate::engine::{Engine, EngineError, Rows};
+use crate::engine::{Engine, EngineError, Rows, StreamId, TokenId};
 use crate::generate::sampler::{argmax, top_k};
 use serde::{Deserialize, Serialize};
 
@@ -45,7 +45,7 @@ pub fn run_case(engine: &mut Engine, case: &Case, keep_logits: bool) -> Result<C
         (_, _, t) => t.clone(),
     };
     let rows = if verify { Rows::All } else { Rows::Last };
-    let logits = engine.prefill(0, &case.input_ids, types.as_deref(), rows)?;
+    let logits = engine.prefill(StreamId(0), TokenId::slice(&case.input_ids), types.as_deref(), rows)?;
     let last = logits.last().expect("at least one row").clone();
     let all_argmax = verify.then(|| logits.iter().map(|r| argmax(r)).collect());
     let mut greedy = vec![];
@@ -53,12 +53,12 @@ pub fn run_case(engine: &mut Engine, case: &Case, keep_logits: bool) -> Result<C
         let mut next = argmax(&last);
         greedy.push(next);
         while greedy.len() < case.max_new {
-            let l = engine.decode(&[(0, next)])?;
+            let l = engine.decode(&[(StreamId(0), TokenId(next))])?;
             next = argmax(&l[0]);
             greedy.push(next);
         }
     }
-    engine.release(0);
+    engine.release(StreamId(0));
     Ok(CaseResult {
         id: case.id.clone(),
         last_top20: top_k(&last, 20),
