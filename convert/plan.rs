@@ -11,21 +11,38 @@ use crate::ggml::{GgmlType, Shape};
 use std::collections::BTreeSet;
 
 /// Output weight types `frigg convert --type` accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutType {
     F32,
     F16,
     Bf16,
-    #[value(name = "q8_0")]
     Q8_0,
-    #[value(name = "q4_0")]
     Q4_0,
     /// Q4_K with Q6_K for output, attn_v and ffn_down on the "more bits" layers (like Q4_K_M).
-    #[value(name = "q4_k", alias = "q4_k_m")]
     Q4K,
 }
 
+impl std::fmt::Display for OutType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl OutType {
+    pub const ALL: [OutType; 6] = [OutType::F32, OutType::F16, OutType::Bf16, OutType::Q8_0, OutType::Q4_0, OutType::Q4K];
+
+    /// The name `--type` uses (`q4_k` is also `q4_k_m`, llama.cpp's name for the recipe).
+    pub fn name(self) -> &'static str {
+        match self {
+            OutType::F32 => "f32",
+            OutType::F16 => "f16",
+            OutType::Bf16 => "bf16",
+            OutType::Q8_0 => "q8_0",
+            OutType::Q4_0 => "q4_0",
+            OutType::Q4K => "q4_k",
+        }
+    }
+
     pub fn file_type(self) -> u32 {
         use arch::ftype::*;
         match self {

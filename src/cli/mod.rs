@@ -7,6 +7,74 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// A library enum as a clap value: its names (and aliases) are the possible values.
+trait Choice: Copy + Send + Sync + 'static {
+    const ALL: &'static [Self];
+    fn name(self) -> &'static str;
+    fn aliases(self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+impl Choice for KvType {
+    const ALL: &'static [Self] = &KvType::ALL;
+    fn name(self) -> &'static str {
+        KvType::name(self)
+    }
+}
+
+impl Choice for OutType {
+    const ALL: &'static [Self] = &OutType::ALL;
+    fn name(self) -> &'static str {
+        OutType::name(self)
+    }
+    fn aliases(self) -> &'static [&'static str] {
+        if self == OutType::Q4K {
+            &["q4_k_m"]
+        } else {
+            &[]
+        }
+    }
+}
+
+impl Choice for frigg::tools::eval::Task {
+    const ALL: &'static [Self] = &frigg::tools::eval::Task::ALL;
+    fn name(self) -> &'static str {
+        frigg::tools::eval::Task::name(self)
+    }
+}
+
+impl Choice for frigg::tools::eval::Arm {
+    const ALL: &'static [Self] = &frigg::tools::eval::Arm::ALL;
+    fn name(self) -> &'static str {
+        frigg::tools::eval::Arm::name(self)
+    }
+}
+
+fn choice<T: Choice>() -> impl clap::builder::TypedValueParser<Value = T> {
+    use clap::builder::TypedValueParser;
+    let values = T::ALL.iter().map(|t| clap::builder::PossibleValue::new(t.name()).aliases(t.aliases().iter().copied()));
+    clap::builder::PossibleValuesParser::new(values).map(|s| *T::ALL.iter().find(|t| t.name() == s || t.aliases().contains(&s.as_str())).expect("clap checked the value"))
+}
+
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Device {
+    Cpu,
+    /// The first GPU backend compiled in (builds with --features cuda/vulkan/metal).
+    #[value(alias = "cuda")]
+    Gpu,
+}
+
+/// `bench matrix --kernels`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Kernels {
+    /// ggml's reference kernels (what an engine with several streams uses by default).
+    Invariant,
+    /// Tiled GEMM (what one-stream engines and --batched-kernels use).
+    Batched,
+}
+
 /// Where and how a model runs.
 #[derive(Debug, Clone, Args)]
 struct RunnerArgs {
@@ -17,11 +85,10 @@ struct RunnerArgs {
     #[arg(long)]
     ctx: Option<usize>,
     /// KV-cache element type.
-    #[arg(long, value_enum, default_value = "f16")]
+    #[arg(long, value_parser = choice::<KvType>(), default_value = "f16")]
     kv_type: KvType,
-    /// cpu, or gpu (builds with --features cuda/vulkan/metal).
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
     /// Apply transformers' fix_mistral_regex pre-tokenizer patch (off: the reference and
     /// Mimir's training data use the raw tokenizer.json; see docs).
     #[arg(long)]
@@ -32,19 +99,10 @@ struct RunnerArgs {
     batched_kernels: bool,
 }
 
-/// `--device`: false for cpu, true for the first GPU backend compiled in.
-fn parse_device(device: &str) -> Result<bool, String> {
-    match device {
-        "cpu" => Ok(false),
-        "gpu" | "cuda" => Ok(true),
-        other => Err(format!("--device {other}: expected cpu or gpu")),
-    }
-}
-
 impl RunnerArgs {
     fn engine_options(&self, n_stream: usize) -> Result<EngineOptions, String> {
-        let gpu = parse_device(&self.device)?;
-        let mut o = EngineOptions { n_ctx: self.ctx.unwrap_or(0), n_stream, kv_type: self.kv_type, gpu, batch_invariant: !self.batched_kernels, ..Default::default() };
+        let gpu = self.device == Device::Gpu;
+        let mut o = EngineOptions { n_ctx: self.ctx.unwrap_or(0), n_stream, kv_type: self.kv_type, gpu, batch_invariant: !self.batched_kernels, ..Default::default() }.levers_from_env();
         if let Some(t) = self.threads {
             o.threads = t.max(1);
         }
@@ -109,7 +167,7 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
         /// Weight type. q4_k is a mixed recipe like llama.cpp's Q4_K_M.
-        #[arg(long = "type", value_enum, default_value = "bf16")]
+        #[arg(long = "type", value_parser = choice::<OutType>(), default_value = "bf16")]
         out_type: OutType,
         /// Threads for quantization (default: all cores).
         #[arg(long)]
@@ -189,9 +247,9 @@ enum Command {
         markdown: Option<PathBuf>,
         #[arg(long, default_value_t = 1)]
         threads: usize,
-        /// cpu, or gpu (builds with --features cuda/vulkan/metal); the bounds are the CPU's.
-        #[arg(long, default_value = "cpu")]
-        device: String,
+        /// The bounds are the CPU's.
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: Device,
     },
     /// Serve an OpenAI-compatible API (chat/completions, completions, models, health, metrics,
     /// tokenize, detokenize) with continuous batching. Without MODEL: the bundled demo model.
@@ -247,12 +305,12 @@ enum Command {
     /// Task accuracy: frigg with the PrefixLM prompt, with a causal prompt, and llama.cpp, on the same files.
     Eval {
         models: Vec<PathBuf>,
-        #[arg(long, value_enum, default_value = "demo-qa")]
+        #[arg(long, value_parser = choice::<frigg::tools::eval::Task>(), default_value = "demo-qa")]
         task: frigg::tools::eval::Task,
         /// JSONL items (default for demo-qa: tests/fixtures/demo/heldout.jsonl).
         #[arg(long)]
         data: Option<PathBuf>,
-        #[arg(long, value_enum, value_delimiter = ',', default_value = "prefix,causal,llama")]
+        #[arg(long, value_parser = choice::<frigg::tools::eval::Arm>(), value_delimiter = ',', default_value = "prefix,causal,llama")]
         arms: Vec<frigg::tools::eval::Arm>,
         #[arg(long, default_value_t = 2)]
         threads: usize,
@@ -320,7 +378,7 @@ enum BenchCommand {
         /// Positions already in each sequence when decode is timed.
         #[arg(long, value_delimiter = ',', default_value = "512")]
         contexts: Vec<usize>,
-        #[arg(long, value_enum, value_delimiter = ',', default_value = "f16")]
+        #[arg(long, value_parser = choice::<KvType>(), value_delimiter = ',', default_value = "f16")]
         kv_types: Vec<KvType>,
         #[arg(long, default_value_t = 2)]
         threads: usize,
@@ -335,15 +393,15 @@ enum BenchCommand {
         /// frigg's CPU decode kernels to time: `invariant` (ggml's reference kernels, what an
         /// engine with several streams uses by default), `batched` (tiled GEMM, what one-stream
         /// engines and --batched-kernels use), or both.
-        #[arg(long, value_delimiter = ',', default_value = "invariant", value_parser = ["invariant", "batched"])]
-        kernels: Vec<String>,
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "invariant")]
+        kernels: Vec<Kernels>,
         /// Time llama.cpp's hrm_text on the same file and cells, alternated with frigg.
         #[arg(long, value_parser = ["llama.cpp"])]
         vs: Option<String>,
-        /// cpu, or gpu (builds with --features cuda/vulkan/metal): frigg's weights, cache and
-        /// graphs on the first GPU, and llama.cpp's with every layer offloaded.
-        #[arg(long, default_value = "cpu")]
-        device: String,
+        /// gpu: frigg's weights, cache and graphs on the first GPU, and llama.cpp's with every
+        /// layer offloaded.
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: Device,
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -388,7 +446,7 @@ enum BenchCommand {
         models: Vec<PathBuf>,
         #[arg(long, value_delimiter = ',', default_value = "512")]
         ctx: Vec<usize>,
-        #[arg(long, value_enum, default_value = "f16")]
+        #[arg(long, value_parser = choice::<KvType>(), default_value = "f16")]
         kv_type: KvType,
         /// Bandwidth in GB/s (default: measure it now, as `bench bandwidth` does).
         #[arg(long)]
@@ -426,7 +484,7 @@ enum BenchCommand {
         /// Alternated repetitions per arm (after one warm-up each).
         #[arg(long, default_value_t = 3)]
         reps: usize,
-        #[arg(long, value_enum, default_value = "f16")]
+        #[arg(long, value_parser = choice::<KvType>(), default_value = "f16")]
         kv_type: KvType,
         #[arg(long)]
         json: Option<PathBuf>,
@@ -453,9 +511,9 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
             Ok(())
         }
         BenchCommand::Matrix { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs, device, json } => {
-            let kernels = kernels.iter().map(|k| k == "invariant").collect();
-            let gpu = parse_device(&device)?;
-            let o = frigg::tools::bench::MatrixOptions { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs_llama: vs.is_some(), gpu };
+            let kernels = kernels.iter().map(|&k| k == Kernels::Invariant).collect();
+            let levers = EngineOptions::default().levers_from_env();
+            let o = frigg::tools::bench::MatrixOptions { models, batches, contexts, kv_types, threads, steps, reps, prefill, kernels, vs_llama: vs.is_some(), gpu: device == Device::Gpu, levers };
             println!("{}", frigg::tools::bench::MatrixCell::markdown_header(o.vs_llama));
             let cells = frigg::tools::bench::matrix(&o, |c| println!("{}", c.markdown_row()))?;
             if let Some(p) = json {
@@ -693,7 +751,7 @@ pub fn main() -> ExitCode {
         Command::Logits { model, cases, out, full_logits, dump_dir, dump_filter, runner } => {
             exit(logits(&model, &cases, &out, full_logits, dump_dir.map(|d| (d, dump_filter)), &runner))
         }
-        Command::Parity { fixtures, eps, json, markdown, threads, device } => exit(parse_device(&device).and_then(|gpu| parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads, gpu))),
+        Command::Parity { fixtures, eps, json, markdown, threads, device } => exit(parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads, device == Device::Gpu)),
         Command::Bench(cmd) => exit(bench(cmd)),
         Command::Eval { models, task, data, arms, threads, max_tokens, limit, json, markdown, key } => exit(eval(models, task, data, arms, threads, max_tokens, limit, json, markdown, key)),
         Command::Serve { model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, drain_delay, drain_timeout, metrics_auth, runner } => {
@@ -820,7 +878,7 @@ fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
     eprintln!(
         "frigg: {} · {} KV cache {:.1} MiB for {} positions · compute buffers {:.1} MiB · {} threads",
         model.display(),
-        format!("{:?}", runner.kv_type).to_lowercase(),
+        runner.kv_type.to_string(),
         engine.kv().bytes_per_stream() as f64 / (1 << 20) as f64,
         engine.n_ctx(),
         engine.compute_bytes() as f64 / (1 << 20) as f64,

@@ -7,27 +7,33 @@ use crate::ggml::compute::{Arena, Backend, Tensor};
 use crate::ggml::{ext, GgmlType};
 
 /// KV-cache element types (`--kv-type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvType {
     F32,
     F16,
     Bf16,
-    #[value(name = "q8_0")]
     Q8_0,
 }
 
 impl std::fmt::Display for KvType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
-            KvType::Bf16 => "bf16",
-            KvType::Q8_0 => "q8_0",
-        })
+        f.write_str(self.name())
     }
 }
 
 impl KvType {
+    pub const ALL: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Bf16, KvType::Q8_0];
+
+    /// The name `--kv-type` and the tables use.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Bf16 => "bf16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
     pub fn ggml(self) -> GgmlType {
         match self {
             KvType::F32 => GgmlType::F32,

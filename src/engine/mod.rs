@@ -92,12 +92,11 @@ pub struct EngineOptions {
     /// fastest kernels.
     pub batch_invariant: bool,
     /// Decode steps on a CPU attend with ggml's flash attention instead of the extension's
-    /// decode attention (`ggml-ext/hrm_attn.c`, faster: docs/benchmarks.md). Default: off, or
-    /// on where the environment says FRIGG_DECODE_ATTENTION=flash (to measure the difference).
+    /// decode attention (`ggml-ext/hrm_attn.c`, faster: docs/benchmarks.md). Default: off.
     pub flash_decode: bool,
     /// Decode steps on a CPU multiply Q8_0 weights with ggml's mul_mat instead of the
     /// extension's (`ggml-ext/hrm_matmul.c`: one pass over the weights for every stream).
-    /// Default: off, or on where FRIGG_DECODE_MATMUL=ggml.
+    /// Default: off.
     pub ggml_decode_matmul: bool,
 }
 
@@ -112,9 +111,19 @@ impl Default for EngineOptions {
             gpu_index: None,
             repack: true,
             batch_invariant: true,
-            flash_decode: std::env::var("FRIGG_DECODE_ATTENTION").as_deref() == Ok("flash"),
-            ggml_decode_matmul: std::env::var("FRIGG_DECODE_MATMUL").as_deref() == Ok("ggml"),
+            flash_decode: false,
+            ggml_decode_matmul: false,
         }
+    }
+}
+
+impl EngineOptions {
+    /// The CPU levers the environment switches back to ggml's (to measure them one at a time:
+    /// scripts/bench-ab.sh): FRIGG_DECODE_ATTENTION=flash, FRIGG_DECODE_MATMUL=ggml.
+    pub fn levers_from_env(mut self) -> Self {
+        self.flash_decode |= std::env::var("FRIGG_DECODE_ATTENTION").as_deref() == Ok("flash");
+        self.ggml_decode_matmul |= std::env::var("FRIGG_DECODE_MATMUL").as_deref() == Ok("ggml");
+        self
     }
 }
 

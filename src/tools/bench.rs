@@ -132,7 +132,7 @@ pub fn compare(o: &CompareOptions) -> Result<CompareReport, String> {
         threads: o.threads,
         prompt_len: o.prompt_len,
         decode_len: o.decode_len,
-        kv_type: format!("{:?}", o.kv_type).to_lowercase(),
+        kv_type: o.kv_type.to_string(),
         frigg_version: crate::long_version(),
         load_before,
         load_after,
@@ -265,7 +265,7 @@ pub fn ceiling(model: &Path, n_ctx: usize, kv: KvType, bandwidth_bytes_s: f64) -
     Ok(Ceiling {
         model: model.display().to_string(),
         n_ctx,
-        kv_type: format!("{kv:?}").to_lowercase(),
+        kv_type: kv.to_string(),
         l_stack_bytes,
         l_passes,
         h_stack_bytes,
@@ -294,6 +294,9 @@ pub struct MatrixOptions {
     pub vs_llama: bool,
     /// Run both engines on the first GPU backend compiled in.
     pub gpu: bool,
+    /// The CPU levers to switch back (`flash_decode`, `ggml_decode_matmul`); the rest of these
+    /// options is taken from the cell.
+    pub levers: EngineOptions,
 }
 
 /// llama.cpp's figures for a matrix cell (its prompt is causal: it has no PrefixLM mode).
@@ -439,7 +442,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                 None
             };
             for &invariant in &o.kernels {
-                let eopts = EngineOptions { threads: o.threads, n_ctx, n_stream: max_batch, kv_type: kv, batch_invariant: invariant, gpu: o.gpu, ..Default::default() };
+                let eopts = EngineOptions { threads: o.threads, n_ctx, n_stream: max_batch, kv_type: kv, batch_invariant: invariant, gpu: o.gpu, ..o.levers.clone() };
                 let mut e = Engine::load(m, &eopts).map_err(|e| e.to_string())?;
                 let n_vocab = e.hparams().n_vocab;
                 let (mut prefill, mut llama_prefill) = (vec![], vec![]);
@@ -520,7 +523,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                             kernels: kernels_label(&eopts),
                             batch: b,
                             context: ctx,
-                            kv_type: format!("{kv:?}").to_lowercase(),
+                            kv_type: kv.to_string(),
                             threads: o.threads,
                             steps: o.steps,
                             decode_median: median(&runs),

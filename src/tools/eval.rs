@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Task {
     /// The demo model's held-out QA set (tests/fixtures/demo/heldout.jsonl): exact match.
@@ -25,7 +25,7 @@ pub enum Task {
     Gsm8k,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Arm {
     /// frigg, prompt bidirectional (token_type_ids = 1), as Mimir was trained.
@@ -34,6 +34,29 @@ pub enum Arm {
     Causal,
     /// llama.cpp's hrm_text via libllama (causal prompt).
     Llama,
+}
+
+impl Task {
+    pub const ALL: [Task; 2] = [Task::DemoQa, Task::Gsm8k];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::DemoQa => "demo-qa",
+            Task::Gsm8k => "gsm8k",
+        }
+    }
+}
+
+impl Arm {
+    pub const ALL: [Arm; 3] = [Arm::Prefix, Arm::Causal, Arm::Llama];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arm::Prefix => "prefix",
+            Arm::Causal => "causal",
+            Arm::Llama => "llama",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
