@@ -41,8 +41,8 @@ impl ApiError {
         ApiError { status, kind: "server_error", message: message.into(), param: None, code: None }
     }
 
-    pub fn body(&self) -> Value {
-        serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    pub fn body(&self) -> super::openai::ErrorBody<'_> {
+        super::openai::ErrorBody { error: super::openai::ErrorDetail { message: &self.message, kind: self.kind, param: self.param.as_deref(), code: self.code } }
     }
 }
 

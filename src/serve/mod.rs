@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod metrics;
+pub mod openai;
 pub mod scheduler;
 
 use crate::text::chat::ChatTemplate;
@@ -227,7 +228,7 @@ async fn models(st: web::Data<State>, req: HttpRequest) -> HttpResponse {
     if let Err(e) = authorized(&st, &req) {
         return error_response(&st, &e);
     }
-    HttpResponse::Ok().json(json!({"object": "list", "data": [{"id": st.model_id, "object": "model", "created": 0, "owned_by": "frigg"}]}))
+    HttpResponse::Ok().json(openai::ModelList { object: "list", data: vec![openai::Model { id: &st.model_id, object: "model", created: 0, owned_by: "frigg" }] })
 }
 
 async fn metrics(st: web::Data<State>, req: HttpRequest) -> HttpResponse {
@@ -507,39 +508,33 @@ impl Logprobs {
         self.tok.decode(&[id], false).unwrap_or_default()
     }
 
-    fn json(&mut self, choice: usize, tokens: &[scheduler::TokenLogprob]) -> Value {
+    fn entry(&self, id: u32, logprob: f32, top: Option<Vec<openai::TokenLogprob>>) -> openai::TokenLogprob {
+        openai::TokenLogprob { token: self.text(id), logprob, bytes: self.tok.token_bytes(id), top_logprobs: top }
+    }
+
+    fn of(&mut self, choice: usize, tokens: &[scheduler::TokenLogprob]) -> openai::Logprobs {
         match self.kind {
-            Kind::Chat => {
-                let entry = |id: u32, lp: f32| json!({"token": self.text(id), "logprob": lp, "bytes": self.tok.token_bytes(id)});
-                let content: Vec<Value> = tokens
-                    .iter()
-                    .map(|t| {
-                        let mut e = entry(t.token, t.logprob);
-                        e["top_logprobs"] = t.top.iter().map(|&(i, l)| entry(i, l)).collect();
-                        e
-                    })
-                    .collect();
-                json!({"content": content})
-            }
+            Kind::Chat => openai::Logprobs::Chat {
+                content: tokens.iter().map(|t| self.entry(t.token, t.logprob, Some(t.top.iter().map(|&(i, l)| self.entry(i, l, None)).collect()))).collect(),
+            },
             Kind::Completion => {
-                let mut offsets = Vec::with_capacity(tokens.len());
+                let mut text_offset = Vec::with_capacity(tokens.len());
                 for t in tokens {
                     let done = &self.bytes[choice];
                     let valid = match std::str::from_utf8(done) {
                         Ok(s) => s,
                         Err(e) => std::str::from_utf8(&done[..e.valid_up_to()]).unwrap_or_default(),
                     };
-                    offsets.push(valid.chars().count());
+                    text_offset.push(valid.chars().count());
                     let b = self.tok.token_bytes(t.token);
                     self.bytes[choice].extend_from_slice(&b);
                 }
-                let top: Vec<Value> = tokens.iter().map(|t| Value::Object(t.top.iter().map(|&(i, l)| (self.text(i), json!(l))).collect())).collect();
-                json!({
-                    "tokens": tokens.iter().map(|t| self.text(t.token)).collect::<Vec<_>>(),
-                    "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-                    "top_logprobs": top,
-                    "text_offset": offsets,
-                })
+                openai::Logprobs::Legacy {
+                    tokens: tokens.iter().map(|t| self.text(t.token)).collect(),
+                    token_logprobs: tokens.iter().map(|t| t.logprob).collect(),
+                    top_logprobs: tokens.iter().map(|t| t.top.iter().map(|&(i, l)| (self.text(i), json!(l))).collect()).collect(),
+                    text_offset,
+                }
             }
         }
     }
@@ -553,12 +548,64 @@ fn finish_reason(f: Finish) -> &'static str {
     }
 }
 
+fn sse_data(v: &impl serde::Serialize) -> web::Bytes {
+    web::Bytes::from(format!("data: {}\n\n", serde_json::to_string(v).expect("responses serialize")))
+}
+
 fn error_event(message: &str) -> web::Bytes {
-    let e = json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}});
-    web::Bytes::from(format!("data: {e}\n\n"))
+    sse_data(&ApiError::server(500, message).body())
 }
 
 const SHUTDOWN_CUT: &str = "the server is shutting down and its drain timeout ended this request";
+
+impl Reply {
+    fn head(&self, streamed: bool) -> openai::Head<'_> {
+        let object = match (self.kind, streamed) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        };
+        openai::Head { id: &self.id, object, created: self.created, model: &self.model }
+    }
+
+    /// One chunk of the stream for an event (None: nothing to send).
+    fn chunk(&self, ev: Event, logprobs: &mut Logprobs) -> Option<web::Bytes> {
+        use openai::{ChatChunkChoice, CompletionChoice, Delta, FunctionDelta, ToolCallDelta};
+        let one = |index: usize, delta: Delta, lp: Option<openai::Logprobs>, reason: Option<&'static str>| {
+            sse_data(&openai::Chunk { head: self.head(true), choices: vec![ChatChunkChoice { index, delta, logprobs: lp, finish_reason: reason }], usage: None })
+        };
+        let text = |index: usize, text: String, lp: Option<openai::Logprobs>, reason: Option<&'static str>| {
+            sse_data(&openai::Chunk { head: self.head(true), choices: vec![CompletionChoice { index, text, logprobs: lp, finish_reason: reason }], usage: None })
+        };
+        let chat = self.kind == Kind::Chat;
+        Some(match ev {
+            Event::Started | Event::Error(_) => return None,
+            Event::Piece { choice, text: t, tokens } => {
+                let lp = (self.logprobs && !tokens.is_empty()).then(|| logprobs.of(choice, &tokens));
+                if chat {
+                    one(choice, Delta { role: Some("assistant"), content: Some(t), tool_calls: None }, lp, None)
+                } else {
+                    text(choice, t, lp, None)
+                }
+            }
+            Event::ToolName { choice, index, id, name } => {
+                let call = ToolCallDelta { index, id: Some(id), kind: Some("function"), function: FunctionDelta { name: Some(name), arguments: String::new() } };
+                one(choice, Delta { role: Some("assistant"), content: None, tool_calls: Some(vec![call]) }, None, None)
+            }
+            Event::ToolArgs { choice, index, arguments } => {
+                let call = ToolCallDelta { index, id: None, kind: None, function: FunctionDelta { name: None, arguments } };
+                one(choice, Delta { tool_calls: Some(vec![call]), ..Default::default() }, None, None)
+            }
+            Event::Done { choice, finish, .. } => {
+                if chat {
+                    one(choice, Delta::default(), None, Some(finish_reason(finish)))
+                } else {
+                    text(choice, String::new(), None, Some(finish_reason(finish)))
+                }
+            }
+        })
+    }
+}
 
 /// The SSE body: one chunk per event, keep-alive comments during silences, exactly one error
 /// event when the request fails, usage when asked, then `[DONE]`.
@@ -566,9 +613,6 @@ fn sse(st: web::Data<State>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>
     async_stream::stream! {
         let _in_flight = in_flight;
         let enqueued = Instant::now();
-        let chat = r.kind == Kind::Chat;
-        let object = if chat { "chat.completion.chunk" } else { "text_completion" };
-        let chunk = |choice: Value| json!({"id": r.id, "object": object, "created": r.created, "model": r.model, "choices": [choice]});
         let mut logprobs = Logprobs::new(&r);
         let mut first = true;
         let mut done = 0;
@@ -595,48 +639,29 @@ fn sse(st: web::Data<State>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>
                 st.http.ttft.observe(enqueued.elapsed().as_secs_f64());
                 first = false;
             }
-            let c = match ev {
-                Event::Started => continue,
-                Event::Piece { choice, text, tokens } => {
-                    let lp = (r.logprobs && !tokens.is_empty()).then(|| logprobs.json(choice, &tokens));
-                    if chat {
-                        json!({"index": choice, "delta": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": null})
-                    } else {
-                        json!({"index": choice, "text": text, "logprobs": lp, "finish_reason": null})
-                    }
-                }
-                Event::ToolName { choice, index, id: call_id, name } => {
-                    json!({"index": choice, "delta": {"role": "assistant", "tool_calls": [{"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]}, "logprobs": null, "finish_reason": null})
-                }
-                Event::ToolArgs { choice, index, arguments } => {
-                    json!({"index": choice, "delta": {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}, "logprobs": null, "finish_reason": null})
-                }
-                Event::Done { choice, finish, completion_tokens: n } => {
+            match &ev {
+                Event::Done { completion_tokens: n, .. } => {
                     done += 1;
                     completion_tokens += n;
-                    let reason = finish_reason(finish);
-                    if chat {
-                        json!({"index": choice, "delta": {}, "logprobs": null, "finish_reason": reason})
-                    } else {
-                        json!({"index": choice, "text": "", "logprobs": null, "finish_reason": reason})
-                    }
                 }
                 Event::Error(m) => {
-                    yield Ok(error_event(&m));
+                    yield Ok(error_event(m));
                     failed = true;
                     break;
                 }
-            };
-            yield Ok(web::Bytes::from(format!("data: {}\n\n", chunk(c))));
+                _ => {}
+            }
+            if let Some(chunk) = r.chunk(ev, &mut logprobs) {
+                yield Ok(chunk);
+            }
         }
         if !failed && done < r.n {
             yield Ok(error_event("the engine stopped before the request finished"));
             failed = true;
         }
         if include_usage && !failed {
-            let usage = json!({"id": r.id, "object": object, "created": r.created, "model": r.model, "choices": [],
-                               "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": r.prompt_tokens + completion_tokens}});
-            yield Ok(web::Bytes::from(format!("data: {usage}\n\n")));
+            let usage: openai::Chunk<openai::CompletionChoice> = openai::Chunk { head: r.head(true), choices: vec![], usage: Some(openai::Usage::new(r.prompt_tokens, completion_tokens)) };
+            yield Ok(sse_data(&usage));
         }
         if completion_tokens > 1 {
             st.http.per_token.observe(enqueued.elapsed().as_secs_f64() / completion_tokens as f64);
@@ -652,9 +677,9 @@ async fn collect(st: &State, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>
     let enqueued = Instant::now();
     let mut logprobs = Logprobs::new(&r);
     let mut texts = vec![String::new(); r.n];
-    let mut lps: Vec<Vec<Value>> = vec![vec![]; r.n];
+    let mut lps: Vec<Option<openai::Logprobs>> = vec![None; r.n];
     let mut finishes: Vec<Option<Finish>> = vec![None; r.n];
-    let mut calls: Vec<Vec<Value>> = vec![vec![]; r.n];
+    let mut calls: Vec<Vec<openai::ToolCall>> = vec![vec![]; r.n];
     let mut completion_tokens = 0;
     let mut first = true;
     let mut looked = Instant::now();
@@ -684,15 +709,19 @@ async fn collect(st: &State, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>
             Event::Piece { choice, text, tokens } => {
                 texts[choice].push_str(&text);
                 if r.logprobs && !tokens.is_empty() {
-                    lps[choice].push(logprobs.json(choice, &tokens));
+                    let more = logprobs.of(choice, &tokens);
+                    match &mut lps[choice] {
+                        Some(l) => l.extend(more),
+                        slot => *slot = Some(more),
+                    }
                 }
             }
-            Event::ToolName { choice, index: _, id: call_id, name } => {
-                calls[choice].push(json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}));
+            Event::ToolName { choice, index: _, id, name } => {
+                calls[choice].push(openai::ToolCall { id, kind: "function", function: openai::FunctionCall { name, arguments: String::new() } });
             }
             Event::ToolArgs { choice, index, arguments } => {
                 if let Some(c) = calls[choice].get_mut(index) {
-                    c["function"]["arguments"] = Value::String(arguments);
+                    c.function.arguments = arguments;
                 }
             }
             Event::Done { choice, finish, completion_tokens: n } => {
@@ -709,44 +738,29 @@ async fn collect(st: &State, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>
         st.http.per_token.observe(enqueued.elapsed().as_secs_f64() / completion_tokens as f64);
     }
     st.http.count(200);
-    let chat = r.kind == Kind::Chat;
-    let choices: Vec<Value> = (0..r.n)
-        .map(|i| {
-            let reason = finishes[i].map(finish_reason);
-            let lp = r.logprobs.then(|| merge_logprobs(r.kind, std::mem::take(&mut lps[i])));
-            if chat {
-                let mut message = json!({"role": "assistant", "content": texts[i]});
-                if !calls[i].is_empty() {
-                    if texts[i].is_empty() {
-                        message["content"] = Value::Null;
-                    }
-                    message["tool_calls"] = Value::Array(calls[i].clone());
-                }
-                json!({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
-            } else {
-                json!({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": reason})
-            }
-        })
-        .collect();
-    HttpResponse::Ok().json(json!({
-        "id": r.id, "object": if chat { "chat.completion" } else { "text_completion" }, "created": r.created, "model": r.model,
-        "choices": choices,
-        "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": r.prompt_tokens + completion_tokens},
-    }))
-}
-
-/// One choice's logprobs from its pieces' objects: the lists concatenated, key by key.
-fn merge_logprobs(kind: Kind, parts: Vec<Value>) -> Value {
-    let keys: &[&str] = match kind {
-        Kind::Chat => &["content"],
-        Kind::Completion => &["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+    let usage = openai::Usage::new(r.prompt_tokens, completion_tokens);
+    let empty_logprobs = || match r.kind {
+        Kind::Chat => openai::Logprobs::Chat { content: vec![] },
+        Kind::Completion => openai::Logprobs::Legacy { tokens: vec![], token_logprobs: vec![], top_logprobs: vec![], text_offset: vec![] },
     };
-    let mut out = serde_json::Map::new();
-    for k in keys {
-        let all: Vec<Value> = parts.iter().flat_map(|p| p[*k].as_array().cloned().unwrap_or_default()).collect();
-        out.insert(k.to_string(), Value::Array(all));
+    let mut parts = texts.into_iter().zip(lps).zip(finishes).zip(calls).enumerate();
+    let lp_of = |lp: Option<openai::Logprobs>| r.logprobs.then(|| lp.unwrap_or_else(empty_logprobs));
+    match r.kind {
+        Kind::Chat => {
+            let choices = parts
+                .by_ref()
+                .map(|(index, (((text, lp), finish), tool_calls))| {
+                    let content = if text.is_empty() && !tool_calls.is_empty() { None } else { Some(text) };
+                    openai::ChatChoice { index, message: openai::Message { role: "assistant", content, tool_calls }, logprobs: lp_of(lp), finish_reason: finish.map(finish_reason) }
+                })
+                .collect();
+            HttpResponse::Ok().json(openai::Response { head: r.head(false), choices, usage })
+        }
+        Kind::Completion => {
+            let choices = parts.map(|(index, (((text, lp), finish), _))| openai::CompletionChoice { index, text, logprobs: lp_of(lp), finish_reason: finish.map(finish_reason) }).collect();
+            HttpResponse::Ok().json(openai::Response::<openai::CompletionChoice> { head: r.head(false), choices, usage })
+        }
     }
-    Value::Object(out)
 }
 
 /// Loads the model, checks the memory budget, starts the engine threads and the HTTP server;
