@@ -7,7 +7,7 @@
 use super::checkpoint::{Checkpoint, SourceTensor};
 use super::ConvertError;
 use crate::engine::arch::{self, HParams, LayerWeight, TensorSpec};
-use crate::ggml::{GgmlType, Shape};
+use crate::ggml::GgmlType;
 use std::collections::BTreeSet;
 
 /// Output weight types `frigg convert --type` accepts.
@@ -70,7 +70,7 @@ impl OutType {
 /// llama.cpp's `use_more_bits` rule: the first and last eighth of the layers and every third
 /// layer in between get more bits in Q4_K_M.
 fn use_more_bits(i: u32, n: u32) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The type a tensor gets under `out`, before block-size fallback.
@@ -218,6 +218,3 @@ pub fn tensor_bytes(p: &Planned) -> u64 {
     p.ty.row_bytes(p.spec.shape.row_len()) * p.spec.shape.n_rows()
 }
 
-pub fn shape_of(p: &Planned) -> &Shape {
-    &p.spec.shape
-}

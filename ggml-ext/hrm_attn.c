@@ -100,7 +100,8 @@ static void hrm_attn_chunks_op(struct ggml_tensor * dst, int ith, int nth, void 
 
     float * scores = malloc(sizeof(float) * (size_t) nh * HRM_ATTN_CHUNK);  // [h][j - j0]
     if (scores == NULL) {
-        return;  // out of memory in a worker: dst keeps what it held (ggml ops cannot fail)
+        // ggml ops cannot fail; stale output would be a silent wrong answer
+        GGML_ABORT("hrm_decode_attention: out of memory for %d x %d scores", nh, HRM_ATTN_CHUNK);
     }
     for (int task = ith; task < n_stream * n_chunk; task += nth) {
         const int s = task / n_chunk, c = task % n_chunk;

@@ -48,9 +48,8 @@ static void hrm_mul_mat_q8_0_op(struct ggml_tensor * dst, int ith, int nth, void
     struct hrm_q8_0 * xq = malloc(sizeof(struct hrm_q8_0) * (size_t) (nb * N));
     float * xd = malloc(sizeof(float) * (size_t) (nb * N));
     if (xq == NULL || xd == NULL) {
-        free(xq);
-        free(xd);
-        return;  // out of memory in a worker: dst keeps what it held (ggml ops cannot fail)
+        // ggml ops cannot fail; stale output would be a silent wrong answer
+        GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
     }
     const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
     for (int64_t c = 0; c < N; ++c) {

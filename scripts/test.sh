@@ -25,6 +25,9 @@ if [ ! -f models/gemma4-tokenizer/tokenizer.json ]; then
 fi
 
 cargo build --release --locked
+# Lints: clippy (with the [lints] table of Cargo.toml: every unsafe block documented) must be clean.
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+cargo clippy --release --locked --all-targets -- -D warnings
 cargo test --release --locked
 FRIGG_BIN="$root/target/release/frigg" "$venv/bin/python" -m pytest -q tests/python
 

@@ -28,7 +28,7 @@ fn engine(ty: OutType, kv: KvType, n_stream: usize) -> (tempfile::TempDir, Engin
 /// Greedy continuation of `prompt` alone in stream 0: tokens and the bits of every row of logits.
 fn alone(e: &mut Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<u32>>) {
     let ones = vec![1; prompt.len()];
-    let first = e.prefill(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last).unwrap();
+    let first = e.prefill(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last).unwrap();
     let mut toks = vec![argmax(&first[0])];
     let mut bits = vec![];
     for _ in 0..steps {
@@ -51,7 +51,7 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
             let mut next = vec![];
             for (s, p) in prompts.iter().take(n).enumerate() {
                 let ones = vec![1; p.len()];
-                next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(&p), Some(&ones), Rows::Last).unwrap()[0]));
+                next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(p), Some(&ones), Rows::Last).unwrap()[0]));
             }
             for step in 0..steps {
                 let batch: Vec<(StreamId, TokenId)> = next.iter().enumerate().map(|(s, &n)| (StreamId(s), TokenId(n))).collect();
@@ -77,7 +77,7 @@ fn rewind_then_replay_equals_a_fresh_run_and_fork_and_move_copy_the_sequence() {
     let (fresh, bits) = alone(&mut e, p, 6);
     // Run, rewind to just after the prompt, replay: same tokens and logits.
     let ones = vec![1; p.len()];
-    e.prefill(StreamId(0), TokenId::slice(&p), Some(&ones), Rows::Last).unwrap();
+    e.prefill(StreamId(0), TokenId::slice(p), Some(&ones), Rows::Last).unwrap();
     for t in &fresh[..4] {
         e.decode(&[(StreamId(0), TokenId(*t))]).unwrap();
     }
@@ -152,7 +152,7 @@ fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
             asked.get() > after
         };
         let ones = vec![1; prompt.len()];
-        let r = e.prefill_cancellable(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last, Some(&Cancel(&ask)));
+        let r = e.prefill_cancellable(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last, Some(&Cancel(&ask)));
         assert!(matches!(r, Err(EngineError::Cancelled)), "cancel after {after} nodes: {r:?}");
         assert_eq!(asked.get(), after + 1, "ggml stops at the first node after cancel says yes");
         assert_eq!(e.free_stream(), Some(StreamId(0)), "a cancelled prefill leaves its stream free");
@@ -165,7 +165,7 @@ fn cancelled_prefill_frees_the_stream_and_changes_nothing() {
         false
     };
     let ones = vec![1; prompt.len()];
-    e.prefill_cancellable(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last, Some(&Cancel(&ask))).unwrap();
+    e.prefill_cancellable(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last, Some(&Cancel(&ask))).unwrap();
     assert!(asked.get() > 25, "asked {} times", asked.get());
     e.release(StreamId(0));
 }
@@ -178,7 +178,7 @@ fn teacher_forced_decode(gguf: &std::path::Path, opts: EngineOptions) -> Vec<Vec
     let mut next = vec![];
     for (s, p) in prompts().iter().take(4).enumerate() {
         let ones = vec![1; p.len()];
-        next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(&p), Some(&ones), Rows::Last).unwrap()[0]));
+        next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(p), Some(&ones), Rows::Last).unwrap()[0]));
     }
     (0..10u32)
         .map(|t| {
@@ -259,7 +259,7 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
         let mut next = vec![];
         for (s, p) in prompts().iter().take(4).enumerate() {
             let ones = vec![1; p.len()];
-            next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(&p), Some(&ones), Rows::Last).unwrap()[0]));
+            next.push(argmax(&e.prefill(StreamId(s), TokenId::slice(p), Some(&ones), Rows::Last).unwrap()[0]));
         }
         let mut bits = vec![];
         for t in 0..6u32 {

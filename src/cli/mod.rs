@@ -878,7 +878,7 @@ fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
     eprintln!(
         "frigg: {} · {} KV cache {:.1} MiB for {} positions · compute buffers {:.1} MiB · {} threads",
         model.display(),
-        runner.kv_type.to_string(),
+        runner.kv_type,
         engine.kv().bytes_per_stream() as f64 / (1 << 20) as f64,
         engine.n_ctx(),
         engine.compute_bytes() as f64 / (1 << 20) as f64,

@@ -193,10 +193,8 @@ impl HParams {
         let n_head_kv = if g.has(key::HEAD_COUNT_KV) { g.get_u32(key::HEAD_COUNT_KV)? } else { n_head };
         let head_dim = if g.has(key::KEY_LENGTH) {
             g.get_u32(key::KEY_LENGTH)?
-        } else if n_head > 0 {
-            n_embd / n_head
         } else {
-            0
+            n_embd.checked_div(n_head).unwrap_or(0)
         };
         let n_vocab = match g.get_u32(key::VOCAB_SIZE) {
             Ok(v) => v,
@@ -251,7 +249,8 @@ impl HParams {
         if self.head_dim % 2 != 0 {
             return bad(format!("head_dim {} is odd: RoPE needs pairs", self.head_dim));
         }
-        if !(self.rms_eps > 0.0) || !(self.rope_theta > 0.0) || !self.embedding_scale.is_finite() {
+        let positive = |x: f32| x.is_finite() && x > 0.0;
+        if !positive(self.rms_eps) || !positive(self.rope_theta) || !self.embedding_scale.is_finite() {
             return bad(format!("bad scalar (eps {}, rope theta {}, embedding scale {})", self.rms_eps, self.rope_theta, self.embedding_scale));
         }
         Ok(())

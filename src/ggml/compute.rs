@@ -279,6 +279,7 @@ pub(crate) struct ArenaInner {
 // allocate) and through its `Tensor`s, which are neither `Clone` nor `Sync`: one owner, one
 // thread at a time, reads and writes each tensor.
 unsafe impl Send for ArenaInner {}
+// SAFETY: as Send.
 unsafe impl Sync for ArenaInner {}
 
 /// Tensors made together and allocated in one backend buffer (the weights, the KV cache).

@@ -69,6 +69,7 @@ pub struct GgufFile {
 
 // SAFETY: the context is only read after construction and ggml keeps no thread-local state in it.
 unsafe impl Send for GgufFile {}
+// SAFETY: as Send: shared reads of an immutable context.
 unsafe impl Sync for GgufFile {}
 
 impl Drop for GgufFile {
@@ -90,7 +91,8 @@ unsafe fn owned_str(p: *const std::os::raw::c_char) -> String {
     if p.is_null() {
         return String::new();
     }
-    CStr::from_ptr(p).to_string_lossy().into_owned()
+    // SAFETY: non-null and NUL-terminated (the caller's promise).
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 fn type_label(t: sys::gguf_type) -> String {
@@ -261,6 +263,16 @@ impl GgufFile {
 /// # Safety
 /// `data` must point to at least `i + 1` values of type `ty`.
 unsafe fn scalar(ty: sys::gguf_type, data: *const u8, i: usize) -> Value {
+    // SAFETY: the caller guarantees i + 1 values of `ty` at `data`; reads are unaligned-safe.
+    unsafe { scalar_at(ty, data, i) }
+}
+
+/// `scalar`'s body (every read in one audited block).
+///
+/// # Safety
+/// As `scalar`.
+#[allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+unsafe fn scalar_at(ty: sys::gguf_type, data: *const u8, i: usize) -> Value {
     match ty {
         sys::GGUF_TYPE_UINT8 => Value::U64(*data.add(i) as u64),
         sys::GGUF_TYPE_INT8 => Value::I64(*(data as *const i8).add(i) as i64),
@@ -322,13 +334,6 @@ impl GgufBuilder {
         Ok(())
     }
 
-    pub fn set_i32(&mut self, key: &str, v: i32) -> Result<(), GgufError> {
-        let k = cstring(key)?;
-        // SAFETY: valid context and key.
-        unsafe { sys::gguf_set_val_i32(self.ctx.as_ptr(), k.as_ptr(), v) };
-        Ok(())
-    }
-
     pub fn set_f32(&mut self, key: &str, v: f32) -> Result<(), GgufError> {
         let k = cstring(key)?;
         // SAFETY: valid context and key.
@@ -365,10 +370,6 @@ impl GgufBuilder {
 
     pub fn set_arr_u32(&mut self, key: &str, values: &[u32]) -> Result<(), GgufError> {
         self.set_arr(key, sys::GGUF_TYPE_UINT32, values.as_ptr() as *const _, values.len())
-    }
-
-    pub fn set_arr_f32(&mut self, key: &str, values: &[f32]) -> Result<(), GgufError> {
-        self.set_arr(key, sys::GGUF_TYPE_FLOAT32, values.as_ptr() as *const _, values.len())
     }
 
     fn set_arr(&mut self, key: &str, ty: sys::gguf_type, data: *const std::ffi::c_void, n: usize) -> Result<(), GgufError> {

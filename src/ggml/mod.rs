@@ -89,11 +89,6 @@ impl Shape {
         Shape(ne[..n].to_vec())
     }
 
-    /// From a PyTorch shape (outermost first).
-    pub fn from_torch(dims: &[usize]) -> Self {
-        Shape(dims.iter().rev().map(|&d| d as i64).collect())
-    }
-
     pub fn dims(&self) -> &[i64] {
         &self.0
     }
@@ -140,13 +135,10 @@ pub fn encode_rows(ty: GgmlType, src: &[f32], row_len: usize, dst: &mut [u8]) {
                 d.copy_from_slice(&s.to_le_bytes());
             }
         }
-        // SAFETY (both arms): dst holds exactly src.len() 2-byte values (checked above).
-        GgmlType::F16 => unsafe {
-            sys::ggml_fp32_to_fp16_row(src.as_ptr(), dst.as_mut_ptr() as *mut sys::ggml_fp16_t, src.len() as i64)
-        },
-        GgmlType::BF16 => unsafe {
-            sys::ggml_fp32_to_bf16_row(src.as_ptr(), dst.as_mut_ptr() as *mut sys::ggml_bf16_t, src.len() as i64)
-        },
+        // SAFETY: dst holds exactly src.len() 2-byte values (checked above).
+        GgmlType::F16 => unsafe { sys::ggml_fp32_to_fp16_row(src.as_ptr(), dst.as_mut_ptr() as *mut sys::ggml_fp16_t, src.len() as i64) },
+        // SAFETY: as F16.
+        GgmlType::BF16 => unsafe { sys::ggml_fp32_to_bf16_row(src.as_ptr(), dst.as_mut_ptr() as *mut sys::ggml_bf16_t, src.len() as i64) },
         _ => {
             assert!(ty.is_quantized(), "encode_rows: unsupported type {ty:?}");
             assert_eq!(row_len as u64 % ty.block_size(), 0, "encode_rows: row not a multiple of the block");

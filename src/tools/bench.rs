@@ -76,7 +76,7 @@ fn prompt_ids(n: usize, n_vocab: u32) -> Vec<u32> {
 fn time_frigg(e: &mut Engine, prompt: &[u32], n: usize) -> Result<Timing, String> {
     let ones = vec![1; prompt.len()];
     let t0 = Instant::now();
-    let l = e.prefill(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
+    let l = e.prefill(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
     let t1 = Instant::now();
     let mut next = argmax(&l[0]);
     for _ in 0..n {
