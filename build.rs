@@ -24,17 +24,14 @@ fn main() {
         .map(|e| e.expect("readable dir entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "c"))
         .collect();
-    for s in &sources {
-        println!("cargo:rerun-if-changed={}", s.display());
-    }
-    println!("cargo:rerun-if-changed=ggml-ext/hrm.h");
+    println!("cargo:rerun-if-changed=ggml-ext");
 
     cc::Build::new()
         .files(&sources)
         .include(&include)
         .include("ggml-ext")
         .flag_if_supported("-std=c11")
-        .flag_if_supported("-march=native")
+        .flag_if_supported(format!("-march={}", target_cpu()))
         .warnings(true)
         .extra_warnings(true)
         .opt_level(3)
@@ -51,4 +48,15 @@ fn main() {
         .expect("bindgen on ggml-ext/hrm.h");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     bindings.write_to_file(out.join("hrm_ext.rs")).expect("write hrm_ext.rs");
+}
+
+/// The CPU the extension is compiled for: Rust's `-C target-cpu` (as llama-cpp-sys-2 does for
+/// ggml, so both agree): `native` by default (.cargo/config.toml), a named level such as
+/// `x86-64-v3` for a portable build; x86-64 (no AVX) when none is given.
+fn target_cpu() -> String {
+    println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
+    std::env::var("CARGO_ENCODED_RUSTFLAGS")
+        .ok()
+        .and_then(|flags| flags.split('\x1f').find_map(|f| f.split("target-cpu=").nth(1).map(str::to_string)))
+        .unwrap_or_else(|| "x86-64".into())
 }

@@ -64,6 +64,8 @@ fn id_set(v: &Value, field: &str, path: &Path) -> Result<Vec<u32>, ConvertError>
 }
 
 impl CheckpointConfig {
+    /// Reads and checks `config.json`. Long on purpose: one field after another, each with its
+    /// own error.
     pub fn load(dir: &Path) -> Result<Self, ConvertError> {
         let path = dir.join("config.json");
         if !path.is_file() {

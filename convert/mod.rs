@@ -82,6 +82,9 @@ impl Drop for TempGuard {
     }
 }
 
+/// Converts a checkpoint into GGUF: plan, metadata, tensors into a temporary file renamed
+/// once complete. Long on purpose: steps in order over one writer and one progress bar, each
+/// a few lines.
 pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     let dir = &opts.checkpoint;
     if !dir.is_dir() {
@@ -209,7 +212,7 @@ fn write_metadata(
     b.set_u32(key::FILE_TYPE, opts.out_type.file_type())?;
     b.set_u32(key::QUANTIZATION_VERSION, arch::QUANTIZATION_VERSION)?;
 
-    b.set_u32(key::BLOCK_COUNT, hp.n_slots())?;
+    b.set_u32(key::BLOCK_COUNT, hp.n_virtual_layers())?;
     b.set_u32(key::LAYERS_PER_STACK, hp.layers_per_stack)?;
     b.set_u32(key::H_CYCLES, hp.h_cycles)?;
     b.set_u32(key::L_CYCLES, hp.l_cycles)?;

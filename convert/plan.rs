@@ -127,6 +127,7 @@ pub struct Planned {
 
 /// Maps every tensor the architecture expects to checkpoint rows; reports every missing,
 /// unexpected or misshapen tensor at once.
+/// Long on purpose: one pass over the expected tensors, collecting every problem.
 pub fn plan(ck: &Checkpoint, hp: &HParams, tie_word_embeddings: bool, out: OutType) -> Result<Vec<Planned>, ConvertError> {
     let has_lm_head = ck.tensors.contains_key("lm_head.weight");
     let with_output = has_lm_head || !tie_word_embeddings;

@@ -50,6 +50,7 @@ fn config_token(cfg: &Value, field: &str) -> Option<String> {
 impl Vocab {
     /// Reads `tokenizer.json`, `tokenizer_config.json` and the chat template from `dir`.
     /// `n_vocab` is the model's vocabulary size (rows of the embedding).
+    /// Long on purpose: one field after another, each with its own error.
     pub fn load(dir: &Path, n_vocab: u32, fallback_bos: Option<u32>, fallback_pad: Option<u32>) -> Result<Self, ConvertError> {
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.is_file() {

@@ -10,7 +10,7 @@ int hrm_ggml_qnt_version(void) {
     return GGML_QNT_VERSION;
 }
 
-int hrm_kv_slot(int h, int l, int layer, int l_cycles, int layers_per_stack) {
+int hrm_virtual_layer(int h, int l, int layer, int l_cycles, int layers_per_stack) {
     return (h * (l_cycles + 1) + l) * layers_per_stack + layer;
 }
 

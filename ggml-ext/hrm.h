@@ -15,9 +15,10 @@ extern "C" {
 // ggml's quantization format version (GGML_QNT_VERSION), for general.quantization_version.
 int hrm_ggml_qnt_version(void);
 
-// KV slot of layer `layer` in the stack run at (h, l); l == l_cycles is the H run.
-//   slot(h, l, layer) = (h * (l_cycles + 1) + l) * layers_per_stack + layer
-int hrm_kv_slot(int h, int l, int layer, int l_cycles, int layers_per_stack);
+// Virtual layer (KV-cache index) of layer `layer` in the stack run at (h, l); l == l_cycles is
+// the H run:
+//   vl(h, l, layer) = (h * (l_cycles + 1) + l) * layers_per_stack + layer
+int hrm_virtual_layer(int h, int l, int layer, int l_cycles, int layers_per_stack);
 
 // Fills an F16 attention mask for one sequence, row-major [n_q][n_kv_pad]:
 // 0 where query i may attend cache cell j, -inf elsewhere (cells n_kv..n_kv_pad-1 always -inf).
@@ -70,14 +71,14 @@ struct hrm_model {
     struct hrm_layer   * layers;     // 2*layers_per_stack: L stack [0, lps), H stack [lps, 2*lps)
 };
 
-// One K and one V per virtual slot, each 2-D [n_head*head_dim, n_ctx*n_stream]:
+// One K and one V per virtual layer, each 2-D [n_head*head_dim, n_ctx*n_stream]:
 // row (stream*n_ctx + pos) holds the key (value) of position `pos` of the sequence in `stream`.
 struct hrm_kv_cache {
-    int32_t               n_slots;   // layers_per_stack * h_cycles * (l_cycles + 1)
+    int32_t               n_vlayers; // layers_per_stack * h_cycles * (l_cycles + 1)
     int32_t               n_ctx;     // cells per stream
     int32_t               n_stream;  // sequences the cache holds
-    struct ggml_tensor ** k;         // n_slots tensors
-    struct ggml_tensor ** v;         // n_slots tensors
+    struct ggml_tensor ** k;         // n_vlayers tensors
+    struct ggml_tensor ** v;         // n_vlayers tensors
 };
 
 // The shapes one forward is built for (a graph is reusable while these stay the same).
@@ -108,10 +109,10 @@ struct hrm_step_io {
 
 // Appends one HRM-Text forward to `gf` (the reference's HrmTextModel.forward + lm_head):
 //   zH = embed(tokens) * embedding_scale;  zL = z_L_init
-//   for h < H: for l < L: zL = L_stack(zL + zH, slot base (h*(L+1)+l)*lps)
-//              zH = H_stack(zH + zL, slot base (h*(L+1)+L)*lps)
+//   for h < H: for l < L: zL = L_stack(zL + zH, virtual layers from (h*(L+1)+l)*lps)
+//              zH = H_stack(zH + zL, virtual layers from (h*(L+1)+L)*lps)
 //   logits = output(zH[out_rows])
-// Every intermediate is named "s<slot>.<role>" (or "<role>" outside layers) for dumps.
+// Every intermediate is named "v<virtual layer>.<role>" (or "<role>" outside layers) for dumps.
 // Returns 0, or -1 when the step does not fit the model or the cache.
 int hrm_build_forward(struct ggml_context * ctx, struct ggml_cgraph * gf,
                       const struct hrm_model * model, const struct hrm_kv_cache * kv,

@@ -166,7 +166,7 @@ fn bf16_checkpoint_to_bf16_is_a_byte_copy_and_sharded_input_works() {
     let r = convert_to(&ckpt("small-h3l2-packed"), &sharded, OutType::F32);
     let g = GgufFile::open(&sharded).unwrap();
     let hp = frigg::engine::arch::HParams::from_gguf(&g).unwrap();
-    assert_eq!((hp.h_cycles, hp.l_cycles, hp.layers_per_stack, hp.n_slots()), (3, 2, 3, 27));
+    assert_eq!((hp.h_cycles, hp.l_cycles, hp.layers_per_stack, hp.n_virtual_layers()), (3, 2, 3, 27));
     assert_eq!(r.n_tensors, g.tensors().len());
 }
 

@@ -114,7 +114,7 @@ fn gemma4_tokenizer_probes_when_available() {
     let t = Tokenizer::from_json(&json, Some(2), vec![1, 106], true, false).unwrap();
     assert_eq!(t.vocab_size(), 262_144);
     let patched = Tokenizer::from_json(&json, Some(2), vec![1, 106], true, true).unwrap();
-    // Seed 000 Finding 6's example: raw keeps "▁men" whole, the patch splits off "▁".
+    // The Mistral-regex patch's known effect: raw keeps "▁men" whole, the patch splits off "▁".
     let raw: Vec<String> = t.encode("Den danske sommer er kort, men").unwrap().iter().map(|&i| t.token_text(i).unwrap()).collect();
     let fixed: Vec<String> = patched.encode("Den danske sommer er kort, men").unwrap().iter().map(|&i| patched.token_text(i).unwrap()).collect();
     assert!(raw.ends_with(&[",".into(), "▁men".into()]), "{raw:?}");

@@ -222,10 +222,10 @@ enum Command {
         /// Also write each case's full last-row logits.
         #[arg(long)]
         full_logits: bool,
-        /// Dump intermediate tensors (named s<slot>.<role>) as .npy files into this directory.
+        /// Dump intermediate tensors (named v<virtual layer>.<role>) as .npy files into this directory.
         #[arg(long)]
         dump_dir: Option<PathBuf>,
-        /// Only dump tensors whose name contains this (e.g. "s000." or "stack_norm").
+        /// Only dump tensors whose name contains this (e.g. "v000." or "stack_norm").
         #[arg(long, default_value = "")]
         dump_filter: String,
         #[command(flatten)]
@@ -369,6 +369,10 @@ enum BenchCommand {
         /// Seconds of warm-up before the soak's memory baseline.
         #[arg(long, default_value_t = 60.0)]
         warmup: f64,
+        /// Write one JSON line per request (client, start and end as Unix seconds, ok, error,
+        /// time to first token, tokens): a timeline to line faults up with.
+        #[arg(long)]
+        log: Option<PathBuf>,
     },
     /// Decode aggregate tok/s and prefill tok/s per (model, batch, context, KV type) cell.
     Matrix {
@@ -407,29 +411,7 @@ enum BenchCommand {
     },
     /// Constrained decoding's cost: decode steps sampled free and held to a JSON Schema
     /// (masks computed beside each forward), alternated, per batch size.
-    Grammar {
-        model: PathBuf,
-        /// The JSON Schema (a file); default: an object with a bounded string, an enum, an
-        /// integer range, an array and a nested object.
-        #[arg(long)]
-        schema: Option<PathBuf>,
-        #[arg(long, value_delimiter = ',', default_value = "1,4")]
-        batches: Vec<usize>,
-        #[arg(long, default_value_t = 2)]
-        threads: usize,
-        #[arg(long, default_value_t = 16)]
-        steps: usize,
-        #[arg(long, default_value_t = 3)]
-        reps: usize,
-        /// Positions in each sequence before the timed steps.
-        #[arg(long, default_value_t = 64)]
-        context: usize,
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Write the table into this markdown file (between bench:grammar markers).
-        #[arg(long)]
-        markdown: Option<PathBuf>,
-    },
+    Grammar(GrammarArgs),
     /// The machine's read bandwidth with all threads: the decode ceiling.
     Bandwidth {
         #[arg(long)]
@@ -442,64 +424,102 @@ enum BenchCommand {
     },
     /// Bytes a decode step reads (L stack × L_cycles × H_cycles, H stack × H_cycles, lm_head,
     /// KV at --ctx) and the tok/s that bandwidth allows.
-    Ceiling {
-        models: Vec<PathBuf>,
-        #[arg(long, value_delimiter = ',', default_value = "512")]
-        ctx: Vec<usize>,
-        #[arg(long, value_parser = choice::<KvType>(), default_value = "f16")]
-        kv_type: KvType,
-        /// Bandwidth in GB/s (default: measure it now, as `bench bandwidth` does).
-        #[arg(long)]
-        bandwidth: Option<f64>,
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Write the table into this markdown file (between bench:ceiling markers).
-        #[arg(long)]
-        markdown: Option<PathBuf>,
-    },
+    Ceiling(CeilingArgs),
     /// Writes tables from benchmark JSON into a markdown file (between bench:KEY markers).
-    Render {
-        /// `frigg bench load --json` reports, one row each.
-        #[arg(long, num_args = 1..)]
-        load: Vec<PathBuf>,
-        /// `frigg bench matrix --json` reports, one row per cell.
-        #[arg(long, num_args = 1..)]
-        matrix: Vec<PathBuf>,
-        #[arg(long, default_value = "docs/benchmarks.md")]
-        markdown: PathBuf,
-        #[arg(long, default_value = "load")]
-        key: String,
-    },
+    Render(RenderArgs),
     /// frigg vs llama.cpp's own hrm_text on the same GGUF files, alternated in one process.
-    Compare {
-        models: Vec<PathBuf>,
-        #[arg(long, default_value_t = 2)]
-        threads: usize,
-        /// Prompt tokens (one prefill forward: frigg PrefixLM, llama.cpp causal).
-        #[arg(long, default_value_t = 256)]
-        prompt: usize,
-        /// Decode steps timed after the prefill.
-        #[arg(long, default_value_t = 32)]
-        decode: usize,
-        /// Alternated repetitions per arm (after one warm-up each).
-        #[arg(long, default_value_t = 3)]
-        reps: usize,
-        #[arg(long, value_parser = choice::<KvType>(), default_value = "f16")]
-        kv_type: KvType,
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Write the table into this markdown file between <!-- bench:KEY:begin/end --> markers.
-        #[arg(long)]
-        markdown: Option<PathBuf>,
-        #[arg(long, default_value = "compare")]
-        key: String,
-    },
+    Compare(CompareArgs),
+}
+
+/// `frigg bench grammar`'s arguments.
+#[derive(Debug, clap::Args)]
+struct GrammarArgs {
+    model: PathBuf,
+    /// The JSON Schema (a file); default: an object with a bounded string, an enum, an
+    /// integer range, an array and a nested object.
+    #[arg(long)]
+    schema: Option<PathBuf>,
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    batches: Vec<usize>,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Positions in each sequence before the timed steps.
+    #[arg(long, default_value_t = 64)]
+    context: usize,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the table into this markdown file (between bench:grammar markers).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+/// `frigg bench ceiling`'s arguments.
+#[derive(Debug, clap::Args)]
+struct CeilingArgs {
+    models: Vec<PathBuf>,
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    ctx: Vec<usize>,
+    #[arg(long, value_parser = choice::<KvType>(), default_value = "f16")]
+    kv_type: KvType,
+    /// Bandwidth in GB/s (default: measure it now, as `bench bandwidth` does).
+    #[arg(long)]
+    bandwidth: Option<f64>,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the table into this markdown file (between bench:ceiling markers).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+/// `frigg bench render`'s arguments.
+#[derive(Debug, clap::Args)]
+struct RenderArgs {
+    /// `frigg bench load --json` reports, one row each.
+    #[arg(long, num_args = 1..)]
+    load: Vec<PathBuf>,
+    /// `frigg bench matrix --json` reports, one row per cell.
+    #[arg(long, num_args = 1..)]
+    matrix: Vec<PathBuf>,
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    markdown: PathBuf,
+    #[arg(long, default_value = "load")]
+    key: String,
+}
+
+/// `frigg bench compare`'s arguments.
+#[derive(Debug, clap::Args)]
+struct CompareArgs {
+    models: Vec<PathBuf>,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Prompt tokens (one prefill forward: frigg PrefixLM, llama.cpp causal).
+    #[arg(long, default_value_t = 256)]
+    prompt: usize,
+    /// Decode steps timed after the prefill.
+    #[arg(long, default_value_t = 32)]
+    decode: usize,
+    /// Alternated repetitions per arm (after one warm-up each).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    #[arg(long, value_parser = choice::<KvType>(), default_value = "f16")]
+    kv_type: KvType,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the table into this markdown file between <!-- bench:KEY:begin/end --> markers.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    #[arg(long, default_value = "compare")]
+    key: String,
 }
 
 fn bench(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
-        BenchCommand::Load { url, streams, duration, max_tokens, api_key, label, json, mix, server_pid, warmup } => {
-            let o = frigg::tools::loadgen::LoadOptions { label, url, streams, duration: seconds(duration, "--duration")?, max_tokens, api_key, mix, server_pid, warmup: seconds(warmup, "--warmup")? };
+        BenchCommand::Load { url, streams, duration, max_tokens, api_key, label, json, mix, server_pid, warmup, log } => {
+            let o = frigg::tools::loadgen::LoadOptions { label, url, streams, duration: seconds(duration, "--duration")?, max_tokens, api_key, mix, server_pid, warmup: seconds(warmup, "--warmup")?, log };
             let r = frigg::tools::loadgen::run(&o)?;
             println!("{}", r.soak_row().unwrap_or_else(|| r.markdown_row()));
             if let Some(p) = json {
@@ -521,38 +541,7 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
             }
             Ok(())
         }
-        BenchCommand::Grammar { model, schema, batches, threads, steps, reps, context, json, markdown } => {
-            let (schema, schema_name) = match &schema {
-                Some(p) => {
-                    let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-                    let v = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-                    (v, p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default())
-                }
-                None => (
-                    serde_json::json!({"type": "object", "properties": {
-                        "city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]},
-                        "days": {"type": "integer", "minimum": 1, "maximum": 14}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
-                        "where": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}}, "required": ["lat", "lon"], "additionalProperties": false}},
-                        "required": ["city", "unit", "days", "tags", "where"], "additionalProperties": false}),
-                    "weather (built in)".to_string(),
-                ),
-            };
-            let o = frigg::tools::bench::GrammarOptions { model, schema, schema_name, batches, threads, steps, reps, context };
-            let cells = frigg::tools::bench::grammar(&o)?;
-            let mut lines = vec![frigg::tools::bench::GrammarCell::markdown_header().to_string()];
-            lines.extend(cells.iter().map(|c| c.markdown_row()));
-            println!("{}", lines.join("\n"));
-            if let Some(p) = markdown {
-                let m = frigg::tools::bench::machine();
-                let cmd: Vec<String> = std::env::args().collect();
-                let body = format!("Generated by `{}` ({})\n\nMachine: {} · {} cores · {:.1} GiB · flags {}.\n\n{}", cmd.join(" "), frigg::long_version(), m.cpu, m.cores, m.mem_gib, m.cpu_flags.join(" "), lines.join("\n"));
-                frigg::tools::bench::write_markdown_block(&p, "grammar", &body)?;
-            }
-            if let Some(p) = json {
-                write_json(&p, &cells)?;
-            }
-            Ok(())
-        }
+        BenchCommand::Grammar(a) => bench_grammar(a),
         BenchCommand::Bandwidth { threads, gib, reps } => {
             let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             if gib < 2.0 {
@@ -563,136 +552,180 @@ fn bench(cmd: BenchCommand) -> Result<(), String> {
             println!("{:.1} GB/s read bandwidth (best of {reps} passes over {gib} GiB, {threads} threads) on {} · {} cores · load {:.2}", bw / 1e9, m.cpu, m.cores, frigg::tools::bench::loadavg());
             Ok(())
         }
-        BenchCommand::Ceiling { models, ctx, kv_type, bandwidth, json, markdown } => {
-            let bw = match bandwidth {
-                Some(gbs) => gbs * 1e9,
-                None => frigg::tools::bench::bandwidth(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), 2 << 30, 5),
-            };
-            let m = frigg::tools::bench::machine();
-            let mut lines = vec![
-                format!(
-                    "Bandwidth {:.1} GB/s{} on {} · {} cores · flags {} · load {:.2}.\n",
-                    bw / 1e9,
-                    if bandwidth.is_some() { " (given)" } else { " (measured: 2 GiB, all threads, best of 5)" },
-                    m.cpu,
-                    m.cores,
-                    m.cpu_flags.join(" "),
-                    frigg::tools::bench::loadavg()
-                ),
-                "| file | ctx | KV | L stack × passes | H stack × passes | lm_head | KV read | bytes/token | ceiling tok/s |\n|---|---|---|---|---|---|---|---|---|".to_string(),
-            ];
-            let mut all = vec![];
-            let mib = |b: u64| format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64);
-            for m in &models {
-                for &n in &ctx {
-                    let c = frigg::tools::bench::ceiling(m, n, kv_type, bw)?;
-                    let file = m.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-                    lines.push(format!(
-                        "| {file} | {n} | {} | {} × {} | {} × {} | {} | {} | {} | **{:.2}** |",
-                        c.kv_type, mib(c.l_stack_bytes), c.l_passes, mib(c.h_stack_bytes), c.h_passes, mib(c.lm_head_bytes), mib(c.kv_bytes), mib(c.total_bytes), c.ceiling_tok_s
-                    ));
-                    all.push(c);
-                }
-            }
-            println!("{}", lines.join("\n"));
-            if let Some(p) = markdown {
-                let cmd: Vec<String> = std::env::args().collect();
-                frigg::tools::bench::write_markdown_block(&p, "ceiling", &format!("Generated by `{}`\n\n{}", cmd.join(" "), lines.join("\n")))?;
-            }
-            if let Some(p) = json {
-                write_json(&p, &all)?;
-            }
-            Ok(())
-        }
-        BenchCommand::Render { load, matrix, markdown, key } => {
-            let cmd: Vec<String> = std::env::args().collect();
-            let sources = load.iter().chain(&matrix).map(|p| format!("`{}`", p.display())).collect::<Vec<_>>().join(", ");
-            let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
-            let (machine, header, rows) = if !load.is_empty() {
-                let mut rows = vec![];
-                let mut machine = None;
-                let mut soak = None;
-                let mut reports = vec![];
-                for p in &load {
-                    let r: frigg::tools::loadgen::LoadReport = serde_json::from_str(&read(p)?).map_err(|e| format!("{}: not a `frigg bench load` report: {e}", p.display()))?;
-                    // One table is either load runs or soaks (with --server-pid), not both.
-                    if *soak.get_or_insert(r.soak.is_some()) != r.soak.is_some() {
-                        return Err(format!("{}: soak and plain load reports go in separate tables", p.display()));
-                    }
-                    rows.push(r.soak_row().unwrap_or_else(|| r.markdown_row()));
-                    machine.get_or_insert(r.machine.clone());
-                    reports.push(r);
-                }
-                let scaling = frigg::tools::loadgen::slot_scaling_lines(&reports);
-                if soak != Some(true) && !scaling.is_empty() {
-                    // after the table: one blank line ends it
-                    rows.push(format!("\nSlots against one slot, from the rows above:\n\n{}", scaling.join("\n")));
-                }
-                let header = if soak == Some(true) {
-                    "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | server resident memory after warm-up → end (growth, max) | busy slots at end | queue at end | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
-                } else {
-                    "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | aggregate tok/s | TTFT p50 | TTFT p95 | engine time: prefill / decode (share of wall) · mean decode batch (+ padding rows per step) | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-                };
-                (machine, header, rows)
-            } else {
-                let mut rows = vec![];
-                let mut machine = None;
-                let mut vs_llama = None;
-                for p in &matrix {
-                    let cells: Vec<frigg::tools::bench::MatrixCell> = serde_json::from_str(&read(p)?).map_err(|e| format!("{}: not a `frigg bench matrix` report: {e}", p.display()))?;
-                    for c in cells {
-                        if *vs_llama.get_or_insert(c.llama.is_some()) != c.llama.is_some() {
-                            return Err(format!("{}: matrix reports with and without --vs llama.cpp go in separate tables", p.display()));
-                        }
-                        rows.push(c.markdown_row());
-                        machine.get_or_insert(c.machine);
-                    }
-                }
-                (machine, frigg::tools::bench::MatrixCell::markdown_header(vs_llama == Some(true)), rows)
-            };
-            let Some(m) = machine else { return Err("nothing to render: give --load FILE… or --matrix FILE…".into()) };
-            let body = format!(
-                "Generated by `{}` from {}\n\nMachine: {} · {} cores · {:.1} GiB · flags {}.\n\n{}\n{}",
-                cmd.join(" "),
-                sources,
-                m.cpu,
-                m.cores,
-                m.mem_gib,
-                m.cpu_flags.join(" "),
-                header,
-                rows.join("\n")
-            );
-            frigg::tools::bench::write_markdown_block(&markdown, &key, &body)
-        }
-        BenchCommand::Compare { models, threads, prompt, decode, reps, kv_type, json, markdown, key } => {
-            let mut reports = vec![];
-            let mut rows = vec![];
-            for m in &models {
-                let o = frigg::tools::bench::CompareOptions { model: m.clone(), threads, prompt_len: prompt, decode_len: decode, reps, kv_type };
-                let r = frigg::tools::bench::compare(&o)?;
-                let label = m.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-                let row = r.markdown_row(&label);
-                println!("{row}");
-                rows.push(row);
-                reports.push(r);
-            }
-            if let Some(p) = json {
-                write_json(&p, &reports)?;
-            }
-            if let (Some(p), Some(first)) = (markdown, reports.first()) {
-                let m = &first.machine;
-                let cmd: Vec<String> = std::env::args().collect();
-                let body = format!(
-                    "Generated by `{}`\n\nMachine: {} · {} cores · {:.1} GiB · flags {} · {} · prompt {} tokens, {} decode steps, {} alternated repetitions after one warm-up each.\n\n| file | threads | KV | frigg decode tok/s (range) | llama.cpp decode tok/s (range) | decode ratio (median of pairs) | frigg prefill tok/s, PrefixLM (range) | llama.cpp prefill tok/s, causal (range) | prefill ratio | reps | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|\n{}",
-                    cmd.join(" "), m.cpu, m.cores, m.mem_gib, m.cpu_flags.join(" "), first.frigg_version, prompt, decode, reps, rows.join("\n")
-                );
-                frigg::tools::bench::write_markdown_block(&p, &key, &body)?;
-            }
-            Ok(())
-        }
+        BenchCommand::Ceiling(a) => bench_ceiling(a),
+        BenchCommand::Render(a) => bench_render(a),
+        BenchCommand::Compare(a) => bench_compare(a),
     }
 }
 
+fn bench_grammar(a: GrammarArgs) -> Result<(), String> {
+    let GrammarArgs { model, schema, batches, threads, steps, reps, context, json, markdown } = a;
+    let (schema, schema_name) = match &schema {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let v = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+            (v, p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default())
+        }
+        None => (
+            serde_json::json!({"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 14}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+                "where": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}}, "required": ["lat", "lon"], "additionalProperties": false}},
+                "required": ["city", "unit", "days", "tags", "where"], "additionalProperties": false}),
+            "weather (built in)".to_string(),
+        ),
+    };
+    let o = frigg::tools::bench::GrammarOptions { model, schema, schema_name, batches, threads, steps, reps, context };
+    let cells = frigg::tools::bench::grammar(&o)?;
+    let mut lines = vec![frigg::tools::bench::GrammarCell::markdown_header().to_string()];
+    lines.extend(cells.iter().map(|c| c.markdown_row()));
+    println!("{}", lines.join("\n"));
+    if let Some(p) = markdown {
+        let m = frigg::tools::bench::machine();
+        let cmd: Vec<String> = std::env::args().collect();
+        let body = format!("Generated by `{}` ({})\n\nMachine: {} · {} cores · {:.1} GiB · flags {}.\n\n{}", cmd.join(" "), frigg::long_version(), m.cpu, m.cores, m.mem_gib, m.cpu_flags.join(" "), lines.join("\n"));
+        frigg::tools::bench::write_markdown_block(&p, "grammar", &body)?;
+    }
+    if let Some(p) = json {
+        write_json(&p, &cells)?;
+    }
+    Ok(())
+}
+
+fn bench_ceiling(a: CeilingArgs) -> Result<(), String> {
+    let CeilingArgs { models, ctx, kv_type, bandwidth, json, markdown } = a;
+    let bw = match bandwidth {
+        Some(gbs) => gbs * 1e9,
+        None => frigg::tools::bench::bandwidth(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), 2 << 30, 5),
+    };
+    let m = frigg::tools::bench::machine();
+    let mut lines = vec![
+        format!(
+            "Bandwidth {:.1} GB/s{} on {} · {} cores · flags {} · load {:.2}.\n",
+            bw / 1e9,
+            if bandwidth.is_some() { " (given)" } else { " (measured: 2 GiB, all threads, best of 5)" },
+            m.cpu,
+            m.cores,
+            m.cpu_flags.join(" "),
+            frigg::tools::bench::loadavg()
+        ),
+        "| file | ctx | KV | L stack × passes | H stack × passes | lm_head | KV read | bytes/token | ceiling tok/s |\n|---|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    let mut all = vec![];
+    let mib = |b: u64| format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64);
+    for m in &models {
+        for &n in &ctx {
+            let c = frigg::tools::bench::ceiling(m, n, kv_type, bw)?;
+            let file = m.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            lines.push(format!(
+                "| {file} | {n} | {} | {} × {} | {} × {} | {} | {} | {} | **{:.2}** |",
+                c.kv_type, mib(c.l_stack_bytes), c.l_passes, mib(c.h_stack_bytes), c.h_passes, mib(c.lm_head_bytes), mib(c.kv_bytes), mib(c.total_bytes), c.ceiling_tok_s
+            ));
+            all.push(c);
+        }
+    }
+    println!("{}", lines.join("\n"));
+    if let Some(p) = markdown {
+        let cmd: Vec<String> = std::env::args().collect();
+        frigg::tools::bench::write_markdown_block(&p, "ceiling", &format!("Generated by `{}`\n\n{}", cmd.join(" "), lines.join("\n")))?;
+    }
+    if let Some(p) = json {
+        write_json(&p, &all)?;
+    }
+    Ok(())
+}
+
+fn bench_render(a: RenderArgs) -> Result<(), String> {
+    let RenderArgs { load, matrix, markdown, key } = a;
+    let cmd: Vec<String> = std::env::args().collect();
+    let sources = load.iter().chain(&matrix).map(|p| format!("`{}`", p.display())).collect::<Vec<_>>().join(", ");
+    let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (machine, header, rows) = if !load.is_empty() {
+        let mut rows = vec![];
+        let mut machine = None;
+        let mut soak = None;
+        let mut reports = vec![];
+        for p in &load {
+            let r: frigg::tools::loadgen::LoadReport = serde_json::from_str(&read(p)?).map_err(|e| format!("{}: not a `frigg bench load` report: {e}", p.display()))?;
+            // One table is either load runs or soaks (with --server-pid), not both.
+            if *soak.get_or_insert(r.soak.is_some()) != r.soak.is_some() {
+                return Err(format!("{}: soak and plain load reports go in separate tables", p.display()));
+            }
+            rows.push(r.soak_row().unwrap_or_else(|| r.markdown_row()));
+            machine.get_or_insert(r.machine.clone());
+            reports.push(r);
+        }
+        let scaling = frigg::tools::loadgen::slot_scaling_lines(&reports);
+        if soak != Some(true) && !scaling.is_empty() {
+            // after the table: one blank line ends it
+            rows.push(format!("\nSlots against one slot, from the rows above:\n\n{}", scaling.join("\n")));
+        }
+        let header = if soak == Some(true) {
+            "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | server resident memory after warm-up → end (growth, max) | busy slots at end | queue at end | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        } else {
+            "| run | server slots | streaming clients | duration | requests | complete | errors | completion tokens | aggregate tok/s | TTFT p50 | TTFT p95 | engine time: prefill / decode (share of wall) · mean decode batch (+ padding rows per step) | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        };
+        (machine, header, rows)
+    } else {
+        let mut rows = vec![];
+        let mut machine = None;
+        let mut vs_llama = None;
+        for p in &matrix {
+            let cells: Vec<frigg::tools::bench::MatrixCell> = serde_json::from_str(&read(p)?).map_err(|e| format!("{}: not a `frigg bench matrix` report: {e}", p.display()))?;
+            for c in cells {
+                if *vs_llama.get_or_insert(c.llama.is_some()) != c.llama.is_some() {
+                    return Err(format!("{}: matrix reports with and without --vs llama.cpp go in separate tables", p.display()));
+                }
+                rows.push(c.markdown_row());
+                machine.get_or_insert(c.machine);
+            }
+        }
+        (machine, frigg::tools::bench::MatrixCell::markdown_header(vs_llama == Some(true)), rows)
+    };
+    let Some(m) = machine else { return Err("nothing to render: give --load FILE… or --matrix FILE…".into()) };
+    let body = format!(
+        "Generated by `{}` from {}\n\nMachine: {} · {} cores · {:.1} GiB · flags {}.\n\n{}\n{}",
+        cmd.join(" "),
+        sources,
+        m.cpu,
+        m.cores,
+        m.mem_gib,
+        m.cpu_flags.join(" "),
+        header,
+        rows.join("\n")
+    );
+    frigg::tools::bench::write_markdown_block(&markdown, &key, &body)
+}
+
+fn bench_compare(a: CompareArgs) -> Result<(), String> {
+    let CompareArgs { models, threads, prompt, decode, reps, kv_type, json, markdown, key } = a;
+    let mut reports = vec![];
+    let mut rows = vec![];
+    for m in &models {
+        let o = frigg::tools::bench::CompareOptions { model: m.clone(), threads, prompt_len: prompt, decode_len: decode, reps, kv_type };
+        let r = frigg::tools::bench::compare(&o)?;
+        let label = m.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let row = r.markdown_row(&label);
+        println!("{row}");
+        rows.push(row);
+        reports.push(r);
+    }
+    if let Some(p) = json {
+        write_json(&p, &reports)?;
+    }
+    if let (Some(p), Some(first)) = (markdown, reports.first()) {
+        let m = &first.machine;
+        let cmd: Vec<String> = std::env::args().collect();
+        let body = format!(
+            "Generated by `{}`\n\nMachine: {} · {} cores · {:.1} GiB · flags {} · {} · prompt {} tokens, {} decode steps, {} alternated repetitions after one warm-up each.\n\n| file | threads | KV | frigg decode tok/s (range) | llama.cpp decode tok/s (range) | decode ratio (median of pairs) | frigg prefill tok/s, PrefixLM (range) | llama.cpp prefill tok/s, causal (range) | prefill ratio | reps | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|\n{}",
+            cmd.join(" "), m.cpu, m.cores, m.mem_gib, m.cpu_flags.join(" "), first.frigg_version, prompt, decode, reps, rows.join("\n")
+        );
+        frigg::tools::bench::write_markdown_block(&p, &key, &body)?;
+    }
+    Ok(())
+}
+
+/// Long on purpose: one match arm per command, each a call into the library.
 pub fn main() -> ExitCode {
     // A file-size limit should fail the write with an error we report, not kill the process
     // before the temporary file can be removed.
@@ -700,6 +733,10 @@ pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FRIGG_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // At debug level, a line with its duration when each prefill, decode, admit and
+        // scheduler step span closes.
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .init();
     let version: &'static str = Box::leak(frigg::long_version().into_boxed_str());
     let matches = Cli::command().version(version).get_matches();
@@ -992,11 +1029,13 @@ fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path
     Ok(())
 }
 
-/// The bundled demo model: until a trained one ships, the tiny random fixture, converted once.
 /// The bundled demo model (`demo/frigg-demo.gguf`, committed): a small HRM-Text trained by
-/// scripts/train_demo.py on Danish/English question-answer pairs (docs/eval.md).
+/// scripts/train_demo.py on Danish/English question-answer pairs (docs/eval.md). Found beside an
+/// installed binary (`<prefix>/share/frigg/demo/`, as the container image has it), else in the
+/// checkout the binary was built from.
 fn demo_model() -> Result<PathBuf, String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo/frigg-demo.gguf");
+    let installed = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.join("share/frigg/demo/frigg-demo.gguf")));
+    let path = installed.filter(|p| p.is_file()).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("demo/frigg-demo.gguf"));
     if !path.is_file() {
         return Err(format!("the bundled demo model {} is missing (a git checkout has it); give a model: frigg serve MODEL.gguf", path.display()));
     }

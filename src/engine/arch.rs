@@ -3,8 +3,8 @@
 //! llama-cpp-sys-2). The converter writes exactly this and the loader reads exactly this;
 //! `docs/gguf.md` lists every entry with its source in the checkpoint.
 
-use crate::ggml::gguf::{GgufError, GgufFile};
-use crate::ggml::Shape;
+use crate::ggml::gguf::{GgufError, GgufFile, TensorInfo};
+use crate::ggml::{GgmlType, Shape};
 
 pub const ARCH: &str = "hrm_text";
 
@@ -140,8 +140,8 @@ pub fn block_tensor(bid: u32, w: LayerWeight) -> String {
 }
 
 impl HParams {
-    /// Virtual layers = KV-cache slots: one per stack invocation and layer.
-    pub fn n_slots(&self) -> u32 {
+    /// Virtual layers, each with its own KV cache: one per stack run and layer.
+    pub fn n_virtual_layers(&self) -> u32 {
         self.layers_per_stack * self.h_cycles * (self.l_cycles + 1)
     }
 
@@ -150,9 +150,9 @@ impl HParams {
         self.n_head * self.head_dim
     }
 
-    /// Bytes of a KV cache (K and V of every virtual slot) of `cells` rows of type `ty`.
-    pub fn kv_bytes(&self, cells: u64, ty: crate::ggml::GgmlType) -> u64 {
-        2 * self.n_slots() as u64 * cells * ty.row_bytes(self.n_embd_attn() as u64)
+    /// Bytes of a KV cache (K and V of every virtual layer) of `cells` rows of type `ty`.
+    pub fn kv_bytes(&self, cells: u64, ty: GgmlType) -> u64 {
+        2 * self.n_virtual_layers() as u64 * cells * ty.row_bytes(self.n_embd_attn() as u64)
     }
 
     /// The tensor table (names and ggml shapes) this model must have, in the order frigg
@@ -218,11 +218,11 @@ impl HParams {
         };
         hp.validate()?;
         let block_count = g.get_u32(key::BLOCK_COUNT)?;
-        if block_count != hp.n_slots() {
+        if block_count != hp.n_virtual_layers() {
             return Err(ArchError::Invalid(format!(
                 "{} = {block_count}, but layers_per_stack × h_cycles × (l_cycles + 1) = {}",
                 key::BLOCK_COUNT,
-                hp.n_slots()
+                hp.n_virtual_layers()
             )));
         }
         if g.has(key::ROPE_DIMS) {
@@ -265,4 +265,32 @@ pub enum ArchError {
     Gguf(#[from] GgufError),
     #[error("invalid hrm_text hyperparameters: {0}")]
     Invalid(String),
+}
+
+/// Everything that makes a GGUF unrunnable for frigg, listed at once.
+pub fn check_runnable(g: &GgufFile, tensors: &[TensorInfo]) -> (Option<HParams>, Vec<String>) {
+    let mut problems = vec![];
+    let hp = match HParams::from_gguf(g) {
+        Ok(hp) => Some(hp),
+        Err(e) => {
+            problems.push(e.to_string());
+            None
+        }
+    };
+    if let Some(hp) = &hp {
+        let has_output = tensors.iter().any(|t| t.name == OUTPUT);
+        for spec in hp.tensor_specs(has_output) {
+            match tensors.iter().find(|t| t.name == spec.name) {
+                None => problems.push(format!("missing tensor {}", spec.name)),
+                Some(t) if t.shape != spec.shape => {
+                    problems.push(format!("tensor {} has shape {:?}, expected {:?}", spec.name, t.shape, spec.shape))
+                }
+                Some(t) if spec.always_f32 && t.ty != GgmlType::F32 => {
+                    problems.push(format!("tensor {} is {:?}, expected f32", spec.name, t.ty))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    (hp, problems)
 }

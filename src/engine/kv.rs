@@ -1,4 +1,4 @@
-//! The virtual-layer KV cache: one K and one V tensor per virtual slot (one per stack run and
+//! The virtual-layer KV cache: one K and one V tensor per virtual layer (one per stack run and
 //! layer), each holding every stream's cells.
 
 use super::arch::HParams;
@@ -44,7 +44,7 @@ impl KvType {
     }
 }
 
-/// One K and one V tensor per virtual slot, each `[n_head*head_dim, cells*n_stream]`.
+/// One K and one V tensor per virtual layer, each `[n_head*head_dim, cells*n_stream]`.
 /// Each stream has `n_ctx + 1` cells: positions `0..n_ctx` and one scratch cell that
 /// padding rows of a batched decode write to.
 pub struct KvCache {
@@ -58,13 +58,13 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(hp: &HParams, n_ctx: usize, n_stream: usize, ty: KvType, backend: &Backend) -> Result<KvCache, LoadError> {
-        let n_slots = hp.n_slots() as usize;
-        let mut arena = Arena::new(2 * n_slots)?;
+        let n_vlayers = hp.n_virtual_layers() as usize;
+        let mut arena = Arena::new(2 * n_vlayers)?;
         let width = hp.n_embd_attn() as i64;
         let rows = ((n_ctx + 1) * n_stream) as i64;
-        let mut k = Vec::with_capacity(n_slots);
-        let mut v = Vec::with_capacity(n_slots);
-        for s in 0..n_slots {
+        let mut k = Vec::with_capacity(n_vlayers);
+        let mut v = Vec::with_capacity(n_vlayers);
+        for s in 0..n_vlayers {
             k.push(arena.tensor(&format!("cache_k.s{s:03}"), ty.ggml(), &[width, rows]));
             v.push(arena.tensor(&format!("cache_v.s{s:03}"), ty.ggml(), &[width, rows]));
         }
@@ -92,7 +92,7 @@ impl KvCache {
         ext::KvView { cells: self.cells_per_stream(), n_stream: self.n_stream, k: &self.k, v: &self.v }
     }
 
-    /// Copies the first `len` cells of every slot from stream `src` into stream `dst`.
+    /// Copies the first `len` cells of every virtual layer from stream `src` into stream `dst`.
     pub(crate) fn copy_stream(&self, src: usize, dst: usize, len: usize) {
         let cells = self.cells_per_stream();
         let mut buf = Vec::new();

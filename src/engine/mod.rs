@@ -2,7 +2,7 @@
 //! which tokens run at which positions. The graph itself is built by the C extension
 //! (`ggml-ext/hrm_graph.c`); this file only fills its inputs and reads its logits.
 //!
-//! Stream contract: a sequence lives in one stream (a row block of every slot's cache).
+//! Stream contract: a sequence lives in one stream (a row block of every virtual layer's cache).
 //! `prefill` is its first forward (PrefixLM mask from token types, all prompt tokens at once);
 //! `decode` advances any set of streams by one token each in one graph; `rewind` shortens a
 //! stream for free (later cells are masked); `fork` copies a stream's cells into another.
@@ -160,7 +160,7 @@ pub struct Engine {
 }
 
 /// Intermediate-tensor dumps for parity diffs: every F32 node whose name contains `filter`
-/// (names are "s<slot>.<role>", e.g. "s017.attn_norm") is written as `<dir>/<forward>-<name>.npy`.
+/// (names are "v<virtual layer>.<role>", e.g. "v017.attn_norm") is written as `<dir>/<forward>-<name>.npy`.
 #[derive(Debug)]
 struct Dump {
     dir: std::path::PathBuf,
@@ -318,6 +318,16 @@ impl Engine {
         self.lens.get(stream.0).copied().flatten()
     }
 
+    /// Cache cells holding a position of a live sequence, over all streams.
+    pub fn cells_in_use(&self) -> usize {
+        self.lens.iter().flatten().sum()
+    }
+
+    /// Cache cells sequences can use: `n_ctx` per stream.
+    pub fn cells(&self) -> usize {
+        self.kv.n_ctx * self.kv.n_stream
+    }
+
     /// Frees a stream (its cells are simply reused later).
     pub fn release(&mut self, stream: StreamId) {
         if let Some(l) = self.lens.get_mut(stream.0) {
@@ -384,6 +394,7 @@ impl Engine {
     /// `prefill`, stopped between graph nodes once `cancel` says so (on the CPU): then it
     /// returns `ComputeError::Cancelled` and the stream stays free.
     pub fn prefill_cancellable(&mut self, stream: StreamId, tokens: &[TokenId], token_types: Option<&[i32]>, rows: Rows, cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
+        let _span = tracing::debug_span!("prefill", stream = stream.0, tokens = tokens.len()).entered();
         if stream.0 >= self.kv.n_stream {
             return Err(EngineError::BadStream(stream.0));
         }
@@ -427,6 +438,7 @@ impl Engine {
     /// Batch invariance: decode runs on the CPU backend with ggml's reference kernels, whose
     /// arithmetic per output element does not depend on how many rows the step has.
     pub fn decode(&mut self, batch: &[(StreamId, TokenId)]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let _span = tracing::debug_span!("decode", streams = batch.len()).entered();
         let tokens: Vec<TokenId> = batch.iter().map(|b| b.1).collect();
         self.check_tokens(&tokens)?;
         let mut n_stream = 0;
@@ -504,7 +516,7 @@ impl Engine {
         }
     }
 
-    /// Copies the first `len` cells of every slot from stream `src` into stream `dst`
+    /// Copies the first `len` cells of every virtual layer from stream `src` into stream `dst`
     /// (n > 1 choices share one prefill).
     pub fn fork(&mut self, src: StreamId, dst: StreamId) -> Result<(), EngineError> {
         let len = self.stream_len(src).ok_or(EngineError::BadStream(src.0))?;

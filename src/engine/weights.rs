@@ -55,10 +55,11 @@ fn computable(ty: GgmlType) -> bool {
 impl Model {
     /// Loads `path` for `backend`. On the CPU, Q4_0/Q4_K matmul weights go to the repacking
     /// buffer type when it exists; embeddings always stay in a plain buffer (get_rows).
+    /// Long on purpose: one walk over the file's tensor table, placing and typing each weight.
     pub fn load(path: &Path, backend: &Backend, repack: bool) -> Result<Model, LoadError> {
         let g = GgufFile::open(path)?;
         let infos = g.tensors();
-        let (hp, problems) = crate::tools::inspect::check_runnable(&g, &infos);
+        let (hp, problems) = super::arch::check_runnable(&g, &infos);
         let hp = match hp {
             Some(hp) if problems.is_empty() => hp,
             _ => return Err(LoadError::NotRunnable { path: path.to_path_buf(), problems }),

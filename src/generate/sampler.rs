@@ -1,9 +1,10 @@
-//! Per-sequence sampling. Every parameter here is applied, or the request is refused upstream:
-//! seed 000's Finding 10 was a server that accepted parameters and ignored them.
+//! Per-sequence sampling. Every parameter here is applied, or the request is refused upstream: a
+//! parameter accepted and ignored is a silent wrong answer (the tests below check that each one
+//! changes the distribution as it should).
 //!
 //! Order: logit_bias → penalties (over the response tokens) → greedy if temperature is 0 →
-//! softmax(logits / T) → top-k → exact top-p (a full sort: Mimir's 262k vocabulary has a long
-//! tail, Finding 10's table) → min-p → renormalize → draw with a seeded ChaCha8 stream.
+//! softmax(logits / T) → top-k → exact top-p (a full sort: over Mimir's 262k vocabulary a
+//! truncated sort misses mass in the long tail) → min-p → renormalize → draw with a seeded ChaCha8 stream.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -312,8 +313,8 @@ mod tests {
         e.iter().map(|x| x / s).collect()
     }
 
-    /// Empirical frequencies over 4,000 draws match softmax(logits / T) within 0.03 (the bound
-    /// seed 000 used; 4,000 draws give a standard error ≤ 0.008 per token, so 0.03 is > 3.5σ).
+    /// Empirical frequencies over 4,000 draws match softmax(logits / T) within 0.03: 4,000 draws
+    /// give a standard error ≤ 0.008 per token, so 0.03 is > 3.5σ.
     #[test]
     fn sampling_matches_the_tempered_softmax() {
         let logits = [2.0f32, 1.5, 1.0, 0.3, -0.5, -1.0, 0.0, 0.8];

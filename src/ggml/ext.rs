@@ -38,7 +38,7 @@ pub struct ModelView<'a> {
     pub layers: &'a [Layer],
 }
 
-/// The KV cache as the builder reads it: one K and one V per virtual slot, each
+/// The KV cache as the builder reads it: one K and one V per virtual layer, each
 /// `[n_head*head_dim, cells*n_stream]`.
 #[derive(Debug, Clone, Copy)]
 pub struct KvView<'a> {
@@ -143,7 +143,7 @@ pub fn build(model: &ModelView, kv: &KvView, shape: StepShape, graph_size: usize
     };
     let mut k: Vec<*mut super::sys::ggml_tensor> = kv.k.iter().map(Tensor::raw).collect();
     let mut v: Vec<*mut super::sys::ggml_tensor> = kv.v.iter().map(Tensor::raw).collect();
-    let c_kv = raw::hrm_kv_cache { n_slots: k.len() as i32, n_ctx: kv.cells as i32, n_stream: kv.n_stream as i32, k: k.as_mut_ptr(), v: v.as_mut_ptr() };
+    let c_kv = raw::hrm_kv_cache { n_vlayers: k.len() as i32, n_ctx: kv.cells as i32, n_stream: kv.n_stream as i32, k: k.as_mut_ptr(), v: v.as_mut_ptr() };
     // SAFETY: hrm_step_io is plain pointers the builder fills.
     let mut io: raw::hrm_step_io = unsafe { std::mem::zeroed() };
     // SAFETY: the graph's context has room for `graph_size` nodes and their tensors; the model

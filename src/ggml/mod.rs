@@ -58,7 +58,7 @@ impl GgmlType {
         unsafe { sys::ggml_is_quantized(self.0) }
     }
 
-    /// Whether ggml knows this type and has a block layout for it (deprecated slots excluded).
+    /// Whether ggml knows this type and has a block layout for it (deprecated type ids excluded).
     pub fn is_known(self) -> bool {
         self.0 < sys::GGML_TYPE_COUNT && self.block_size() > 0 && !self.name().starts_with("type")
     }

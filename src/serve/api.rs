@@ -288,53 +288,34 @@ struct WireFunction {
 /// Parses and validates a request body (the raw bytes of a JSON object).
 pub fn parse(body: &[u8], kind: Kind, n_vocab: usize) -> Result<Parsed, ApiError> {
     let w: Wire = decode(body)?;
-    let chat = kind == Kind::Chat;
-    let route = if chat { "/v1/chat/completions" } else { "/v1/completions" };
-    let not_here = |name: &str| ApiError::unsupported(name, &format!("{route} has no such parameter"));
-    for (present, name, on_chat) in [
-        (w.messages.is_some(), "messages", true),
-        (w.tools.is_some(), "tools", true),
-        (w.tool_choice.is_some(), "tool_choice", true),
-        (w.parallel_tool_calls.is_some(), "parallel_tool_calls", true),
-        (w.top_logprobs.is_some(), "top_logprobs", true),
-        (w.max_completion_tokens.is_some(), "max_completion_tokens", true),
-        (w.store.is_some(), "store", true),
-        (w.prompt.is_some(), "prompt", false),
-        (w.echo.is_some(), "echo", false),
-        (w.best_of.is_some(), "best_of", false),
-    ] {
-        if present && on_chat != chat {
-            return Err(not_here(name));
-        }
-    }
-    // Accepted at their defaults only.
-    if w.echo == Some(true) {
-        return Err(ApiError::unsupported("echo", "the prompt is not echoed back"));
-    }
-    if w.best_of.is_some_and(|b| b != 1) {
-        return Err(ApiError::unsupported("best_of", "only best_of = 1 (use n for several choices)"));
-    }
-    if w.store == Some(true) {
-        return Err(ApiError::unsupported("store", "frigg stores nothing"));
-    }
+    refuse_what_the_route_lacks(&w, kind)?;
     let _ = (&w.model, &w.user); // no effect: one model per server, no per-user state
-
+    let stream = w.stream.unwrap_or(false);
+    let include_usage = match &w.stream_options {
+        Some(_) if !stream => return Err(ApiError::invalid("`stream_options` is only allowed when `stream` is true", Some("stream_options"))),
+        Some(o) => o.include_usage.unwrap_or(false),
+        None => false,
+    };
     let mut p = Parsed {
         prompt_text: None,
         prompt_ids: None,
         messages: None,
-        max_tokens: None,
-        sampling: SamplingParams { temperature: 1.0, ..Default::default() },
-        n: 1,
-        stops: vec![],
-        stream: w.stream.unwrap_or(false),
-        include_usage: false,
-        logprobs: None,
+        max_tokens: max_tokens(&w)?,
+        sampling: sampling(&w)?,
+        n: match w.n {
+            None => 1,
+            Some(n @ 1..=8) => n as usize,
+            Some(_) => return Err(ApiError::invalid("`n` must be between 1 and 8", Some("n"))),
+        },
+        stops: stops(w.stop.as_ref())?,
+        stream,
+        include_usage,
+        logprobs: logprobs(&w, kind)?,
         ignore_eos: w.ignore_eos.unwrap_or(false),
         tools: vec![],
         tool_choice: ToolChoiceParam::Auto,
         parallel_tool_calls: w.parallel_tool_calls.unwrap_or(true),
-        format: None,
+        format: response_format(w.response_format)?,
         tool_decls: vec![],
     };
     if let Some(msgs) = w.messages {
@@ -348,84 +329,6 @@ pub fn parse(body: &[u8], kind: Kind, n_vocab: usize) -> Result<Parsed, ApiError
             _ => return Err(ApiError::unsupported("prompt", "give one string or one list of token ids (batched prompts: send one request each)")),
         }
     }
-    let max_tokens = match (w.max_tokens, w.max_completion_tokens) {
-        (Some(_), Some(_)) => return Err(ApiError::invalid("give `max_tokens` or `max_completion_tokens`, not both", Some("max_completion_tokens"))),
-        (a, b) => a.map(|v| (v, "max_tokens")).or(b.map(|v| (v, "max_completion_tokens"))),
-    };
-    if let Some((v, name)) = max_tokens {
-        if v == 0 {
-            return Err(ApiError::invalid(format!("`{name}` must be at least 1"), Some(name)));
-        }
-        p.max_tokens = Some(usize::try_from(v).unwrap_or(usize::MAX));
-    }
-    let s = &mut p.sampling;
-    s.temperature = w.temperature.unwrap_or(1.0);
-    s.top_p = w.top_p.unwrap_or(1.0);
-    s.top_k = w.top_k.map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX));
-    s.min_p = w.min_p.unwrap_or(0.0);
-    s.seed = w.seed.map(|x| x as u64);
-    s.repetition_penalty = w.repetition_penalty.unwrap_or(1.0);
-    s.frequency_penalty = w.frequency_penalty.unwrap_or(0.0);
-    s.presence_penalty = w.presence_penalty.unwrap_or(0.0);
-    for (id, bias) in w.logit_bias.unwrap_or_default() {
-        let token = if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) { id.parse::<u32>().ok() } else { None };
-        let Some(token) = token else {
-            return Err(ApiError::invalid(format!("logit_bias key {id:?} is not a token id (decimal digits only)"), Some("logit_bias")));
-        };
-        s.logit_bias.push((token, bias));
-    }
-    if let Some(n) = w.n {
-        if !(1..=8).contains(&n) {
-            return Err(ApiError::invalid("`n` must be between 1 and 8", Some("n")));
-        }
-        p.n = n as usize;
-    }
-    if let Some(stop) = &w.stop {
-        p.stops = match stop {
-            Value::String(s) => vec![s.clone()],
-            Value::Array(a) if a.len() <= 4 && a.iter().all(Value::is_string) => a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect(),
-            _ => return Err(ApiError::invalid("`stop` must be a string or a list of up to 4 strings", Some("stop"))),
-        };
-        p.stops.retain(|s| !s.is_empty());
-    }
-    if let Some(o) = w.stream_options {
-        if !p.stream {
-            return Err(ApiError::invalid("`stream_options` is only allowed when `stream` is true", Some("stream_options")));
-        }
-        p.include_usage = o.include_usage.unwrap_or(false);
-    }
-    let (want_logprobs, top_logprobs) = match (&w.logprobs, kind) {
-        (None, _) => (false, w.top_logprobs.unwrap_or(0)),
-        (Some(Value::Bool(b)), Kind::Chat) => (*b, w.top_logprobs.unwrap_or(0)),
-        (Some(_), Kind::Chat) => return Err(ApiError::invalid("`logprobs` must be a boolean", Some("logprobs"))),
-        (Some(v), Kind::Completion) => match v.as_u64() {
-            Some(k) => (true, k),
-            None => return Err(ApiError::invalid("`logprobs` must be a non-negative integer (the alternatives per token)", Some("logprobs"))),
-        },
-    };
-    if want_logprobs {
-        if top_logprobs > 20 {
-            let name = if chat { "top_logprobs" } else { "logprobs" };
-            return Err(ApiError::invalid(format!("`{name}` must be at most 20"), Some(name)));
-        }
-        p.logprobs = Some(top_logprobs as usize);
-    } else if top_logprobs > 0 {
-        return Err(ApiError::invalid("`top_logprobs` requires `logprobs: true`", Some("top_logprobs")));
-    }
-    p.format = match w.response_format {
-        None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(Format::JsonObject),
-        Some(ResponseFormat::JsonSchema { json_schema: f }) => {
-            let _ = (&f.description, f.strict);
-            let ok = !f.name.is_empty() && f.name.len() <= 64 && f.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b));
-            if !ok {
-                return Err(ApiError::invalid("`response_format.json_schema.name` must be 1-64 letters, digits, _ or -", Some("response_format.json_schema.name")));
-            }
-            Some(Format::JsonSchema(f.schema.unwrap_or_else(|| serde_json::json!({}))))
-        }
-        Some(ResponseFormat::Regex { regex }) => Some(Format::Regex(regex)),
-        Some(ResponseFormat::Grammar { grammar }) => Some(Format::Grammar(grammar)),
-    };
     if p.format.is_some() && !p.stops.is_empty() {
         // A stop string inside the constrained reply would cut it into text the format rejects.
         return Err(ApiError::invalid("`stop` cannot be combined with a constrained `response_format`: the reply is complete in its format", Some("stop")));
@@ -434,16 +337,7 @@ pub fn parse(body: &[u8], kind: Kind, n_vocab: usize) -> Result<Parsed, ApiError
         p.tool_decls = tools.iter().map(|t| crate::generate::constrain::ToolDecl { name: t.function.name.clone(), parameters: t.function.parameters.clone(), strict: t.function.strict != Some(false) }).collect();
         p.tools = parse_tools(tools)?;
     }
-    let tool_choice = w.tool_choice.as_ref().map(parse_tool_choice).transpose()?;
-    match (tool_choice, p.tools.is_empty()) {
-        (Some(ToolChoiceParam::None) | None, true) => p.tool_choice = ToolChoiceParam::None,
-        (Some(_), true) => return Err(ApiError::invalid("`tool_choice` needs `tools`", Some("tool_choice"))),
-        (Some(ToolChoiceParam::Named(n)), false) if !p.tools.iter().any(|t| t["function"]["name"] == n.as_str()) => {
-            return Err(ApiError::invalid(format!("`tool_choice` names `{n}`, which is not among `tools`"), Some("tool_choice")));
-        }
-        (Some(c), false) => p.tool_choice = c,
-        (None, false) => p.tool_choice = ToolChoiceParam::Auto,
-    }
+    p.tool_choice = tool_choice(w.tool_choice.as_ref(), &p.tools)?;
     if p.format.is_some() && p.tool_choice != ToolChoiceParam::None {
         return Err(ApiError::invalid("a constrained `response_format` and tool calls cannot be combined", Some("response_format")));
     }
@@ -457,6 +351,144 @@ pub fn parse(body: &[u8], kind: Kind, n_vocab: usize) -> Result<Parsed, ApiError
         ApiError { status: 400, kind: "invalid_request_error", message: m, param, code: None }
     })?;
     Ok(p)
+}
+
+/// Refuses the other route's parameters, and those accepted only at their defaults.
+fn refuse_what_the_route_lacks(w: &Wire, kind: Kind) -> Result<(), ApiError> {
+    let chat = kind == Kind::Chat;
+    let route = if chat { "/v1/chat/completions" } else { "/v1/completions" };
+    for (present, name, on_chat) in [
+        (w.messages.is_some(), "messages", true),
+        (w.tools.is_some(), "tools", true),
+        (w.tool_choice.is_some(), "tool_choice", true),
+        (w.parallel_tool_calls.is_some(), "parallel_tool_calls", true),
+        (w.top_logprobs.is_some(), "top_logprobs", true),
+        (w.max_completion_tokens.is_some(), "max_completion_tokens", true),
+        (w.store.is_some(), "store", true),
+        (w.prompt.is_some(), "prompt", false),
+        (w.echo.is_some(), "echo", false),
+        (w.best_of.is_some(), "best_of", false),
+    ] {
+        if present && on_chat != chat {
+            return Err(ApiError::unsupported(name, &format!("{route} has no such parameter")));
+        }
+    }
+    if w.echo == Some(true) {
+        return Err(ApiError::unsupported("echo", "the prompt is not echoed back"));
+    }
+    if w.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::unsupported("best_of", "only best_of = 1 (use n for several choices)"));
+    }
+    if w.store == Some(true) {
+        return Err(ApiError::unsupported("store", "frigg stores nothing"));
+    }
+    Ok(())
+}
+
+/// `max_tokens` or `max_completion_tokens` (not both; at least 1).
+fn max_tokens(w: &Wire) -> Result<Option<usize>, ApiError> {
+    let given = match (w.max_tokens, w.max_completion_tokens) {
+        (Some(_), Some(_)) => return Err(ApiError::invalid("give `max_tokens` or `max_completion_tokens`, not both", Some("max_completion_tokens"))),
+        (a, b) => a.map(|v| (v, "max_tokens")).or(b.map(|v| (v, "max_completion_tokens"))),
+    };
+    match given {
+        Some((0, name)) => Err(ApiError::invalid(format!("`{name}` must be at least 1"), Some(name))),
+        Some((v, _)) => Ok(Some(usize::try_from(v).unwrap_or(usize::MAX))),
+        None => Ok(None),
+    }
+}
+
+/// The sampling parameters (OpenAI's defaults where absent: temperature 1, top_p 1);
+/// ranges are checked by `SamplingParams::validate`.
+fn sampling(w: &Wire) -> Result<SamplingParams, ApiError> {
+    let mut s = SamplingParams {
+        temperature: w.temperature.unwrap_or(1.0),
+        top_p: w.top_p.unwrap_or(1.0),
+        top_k: w.top_k.map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
+        min_p: w.min_p.unwrap_or(0.0),
+        seed: w.seed.map(|x| x as u64),
+        repetition_penalty: w.repetition_penalty.unwrap_or(1.0),
+        frequency_penalty: w.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: w.presence_penalty.unwrap_or(0.0),
+        logit_bias: vec![],
+    };
+    for (id, bias) in w.logit_bias.iter().flatten() {
+        let token = if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) { id.parse::<u32>().ok() } else { None };
+        let Some(token) = token else {
+            return Err(ApiError::invalid(format!("logit_bias key {id:?} is not a token id (decimal digits only)"), Some("logit_bias")));
+        };
+        s.logit_bias.push((token, *bias));
+    }
+    Ok(s)
+}
+
+/// `stop`: a string or up to 4 (empty ones dropped).
+fn stops(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let mut stops = match stop {
+        None => vec![],
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= 4 && a.iter().all(Value::is_string) => a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect(),
+        Some(_) => return Err(ApiError::invalid("`stop` must be a string or a list of up to 4 strings", Some("stop"))),
+    };
+    stops.retain(|s| !s.is_empty());
+    Ok(stops)
+}
+
+/// Alternatives to report per token, or None for no logprobs: chat's `logprobs: true` with
+/// `top_logprobs`, or the legacy route's `logprobs: k`.
+fn logprobs(w: &Wire, kind: Kind) -> Result<Option<usize>, ApiError> {
+    let (want, top) = match (&w.logprobs, kind) {
+        (None, _) => (false, w.top_logprobs.unwrap_or(0)),
+        (Some(Value::Bool(b)), Kind::Chat) => (*b, w.top_logprobs.unwrap_or(0)),
+        (Some(_), Kind::Chat) => return Err(ApiError::invalid("`logprobs` must be a boolean", Some("logprobs"))),
+        (Some(v), Kind::Completion) => match v.as_u64() {
+            Some(k) => (true, k),
+            None => return Err(ApiError::invalid("`logprobs` must be a non-negative integer (the alternatives per token)", Some("logprobs"))),
+        },
+    };
+    if !want {
+        if top > 0 {
+            return Err(ApiError::invalid("`top_logprobs` requires `logprobs: true`", Some("top_logprobs")));
+        }
+        return Ok(None);
+    }
+    if top > 20 {
+        let name = if kind == Kind::Chat { "top_logprobs" } else { "logprobs" };
+        return Err(ApiError::invalid(format!("`{name}` must be at most 20"), Some(name)));
+    }
+    Ok(Some(top as usize))
+}
+
+/// `response_format`: None for plain text.
+fn response_format(f: Option<ResponseFormat>) -> Result<Option<Format>, ApiError> {
+    Ok(match f {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(Format::JsonObject),
+        Some(ResponseFormat::JsonSchema { json_schema: f }) => {
+            let _ = (&f.description, f.strict);
+            let ok = !f.name.is_empty() && f.name.len() <= 64 && f.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b));
+            if !ok {
+                return Err(ApiError::invalid("`response_format.json_schema.name` must be 1-64 letters, digits, _ or -", Some("response_format.json_schema.name")));
+            }
+            Some(Format::JsonSchema(f.schema.unwrap_or_else(|| serde_json::json!({}))))
+        }
+        Some(ResponseFormat::Regex { regex }) => Some(Format::Regex(regex)),
+        Some(ResponseFormat::Grammar { grammar }) => Some(Format::Grammar(grammar)),
+    })
+}
+
+/// `tool_choice` against the declared `tools` (OpenAI's default: auto with tools, none without).
+fn tool_choice(choice: Option<&Value>, tools: &[Value]) -> Result<ToolChoiceParam, ApiError> {
+    let choice = choice.map(parse_tool_choice).transpose()?;
+    match (choice, tools.is_empty()) {
+        (Some(ToolChoiceParam::None) | None, true) => Ok(ToolChoiceParam::None),
+        (Some(_), true) => Err(ApiError::invalid("`tool_choice` needs `tools`", Some("tool_choice"))),
+        (Some(ToolChoiceParam::Named(n)), false) if !tools.iter().any(|t| t["function"]["name"] == n.as_str()) => {
+            Err(ApiError::invalid(format!("`tool_choice` names `{n}`, which is not among `tools`"), Some("tool_choice")))
+        }
+        (Some(c), false) => Ok(c),
+        (None, false) => Ok(ToolChoiceParam::Auto),
+    }
 }
 
 /// Deserializes a request body; a wrong type, an unknown or a missing field names its path.

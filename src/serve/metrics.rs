@@ -76,6 +76,7 @@ impl HttpMetrics {
             ("frigg_generated_tokens_total", "Tokens generated.", "counter", sum(|r| r.generated_tokens.load(Ordering::Relaxed))),
             ("frigg_queue_depth", "Requests waiting for a slot.", "gauge", sum(|r| r.queued.load(Ordering::Relaxed))),
             ("frigg_busy_slots", "Sequences decoding.", "gauge", sum(|r| r.busy_slots.load(Ordering::Relaxed))),
+            ("frigg_running_requests", "Requests being served: admitted, not finished (n choices count once).", "gauge", sum(|r| r.running.load(Ordering::Relaxed))),
             ("frigg_slots", "Sequences decoded together at most (all replicas).", "gauge", slots * replicas.len()),
             ("frigg_replicas", "Engine replicas behind this endpoint.", "gauge", replicas.len()),
             ("frigg_decode_steps_total", "Decode steps (one batched forward each).", "counter", sum(|r| r.decode_steps.load(Ordering::Relaxed))),
@@ -84,6 +85,11 @@ impl HttpMetrics {
         ] {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}\n"));
         }
+        let cells = sum(|r| r.kv_cells.load(Ordering::Relaxed));
+        let usage = if cells == 0 { 0.0 } else { sum(|r| r.kv_cells_used.load(Ordering::Relaxed)) as f64 / cells as f64 };
+        out.push_str(&format!(
+            "# HELP frigg_kv_cache_usage_ratio KV-cache cells holding live sequences over all cells (all replicas), 0 to 1.\n# TYPE frigg_kv_cache_usage_ratio gauge\nfrigg_kv_cache_usage_ratio {usage:.6}\n"
+        ));
         let seconds = |f: fn(&Stats) -> u64| replicas.iter().map(|r| f(r)).sum::<u64>() as f64 / 1e6;
         for (name, help, v) in [
             ("frigg_prefill_seconds_total", "Engine time in prompt prefills.", seconds(|r| r.prefill_us.load(Ordering::Relaxed))),

@@ -224,6 +224,11 @@ async fn health(st: web::Data<State>) -> HttpResponse {
     }
 }
 
+/// Liveness: 200 while the process runs, loading and draining included (readiness is /health).
+async fn live() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "alive"}))
+}
+
 async fn models(st: web::Data<State>, req: HttpRequest) -> HttpResponse {
     if let Err(e) = authorized(&st, &req) {
         return error_response(&st, &e);
@@ -673,6 +678,7 @@ fn sse(st: web::Data<State>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>
 /// A non-streamed answer: every choice collected into one body. While it waits, the client's
 /// socket is looked at every `KEEP_ALIVE`: a client that left cancels the request (dropping
 /// the receiver frees its slots at the engine's next step).
+/// Long on purpose: one loop over the engine's events and the socket poll, then the body.
 async fn collect(st: &State, mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>, r: Reply, peer: Option<Peer>) -> HttpResponse {
     let enqueued = Instant::now();
     let mut logprobs = Logprobs::new(&r);
@@ -776,11 +782,63 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
     }
     let file = crate::engine::ModelFile::open(&o.model).map_err(|e| e.to_string())?;
     let hp = file.hp.clone();
-    let n_ctx = if o.engine.n_ctx == 0 { hp.n_ctx_train as usize } else { o.engine.n_ctx };
-    if n_ctx > hp.n_ctx_train as usize {
-        return Err(format!("--ctx {n_ctx} exceeds the model's context length {}", hp.n_ctx_train));
+    let n_ctx = check_memory(&o, &file)?;
+    let tok = Arc::new(Tokenizer::from_model(&file, o.mistral_regex).map_err(|e| e.to_string())?);
+    let template = ChatTemplate::from_model(&file, &tok).map_err(|e| e.to_string())?;
+    drop(file);
+    // llguidance's view of the vocabulary, built while the engines load.
+    let tok3 = tok.clone();
+    let grammars = std::thread::spawn(move || crate::generate::constrain::Grammars::new(&tok3.tok_env()));
+
+    let Replicas { stats: replicas, jobs: senders, threads } = start_replicas(&o, n_ctx, &tok)?;
+
+    let grammars = grammars.join().map_err(|_| "building the grammar compiler panicked".to_string())??;
+    let state = web::Data::new(State {
+        grammars,
+        n_vocab: hp.n_vocab as usize,
+        tok,
+        template,
+        jobs: Mutex::new(Some(senders)),
+        replicas,
+        draining: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
+        cut: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
+        model_id: o.alias.clone().unwrap_or_else(|| o.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "frigg".into())),
+        n_ctx,
+        slots: o.slots,
+        queue: o.queue,
+        max_body: o.max_body,
+        metrics_need_key: match o.metrics_auth {
+            MetricsAuth::Auto => !loopback,
+            MetricsAuth::Key => true,
+            MetricsAuth::Open => false,
+        },
+        api_key: o.api_key.clone(),
+        http: HttpMetrics::default(),
+        next_id: AtomicU64::new(1),
+    });
+    let result = listen(state.clone(), &o);
+    // Closing the queues lets the engine threads finish what is active and return.
+    drop(state.jobs.lock().expect("jobs lock").take());
+    for t in threads {
+        let _ = t.join();
     }
-    let budget = crate::engine::Budget::new(&file, n_ctx, o.slots, o.engine.kv_type);
+    let cut = result?;
+    if cut > 0 {
+        return Err(format!("stopped after the drain timeout ({} s) ended {cut} request(s) in flight", o.drain_timeout.as_secs()));
+    }
+    eprintln!("frigg serve: stopped");
+    Ok(())
+}
+
+/// The context length to serve, once the memory budget (printed) fits this host.
+fn check_memory(o: &ServeOptions, file: &crate::engine::ModelFile) -> Result<usize, String> {
+    let n_ctx = if o.engine.n_ctx == 0 { file.hp.n_ctx_train as usize } else { o.engine.n_ctx };
+    if n_ctx > file.hp.n_ctx_train as usize {
+        return Err(format!("--ctx {n_ctx} exceeds the model's context length {}", file.hp.n_ctx_train));
+    }
+    let budget = crate::engine::Budget::new(file, n_ctx, o.slots, o.engine.kv_type);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     eprintln!(
         "frigg serve: weights {:.2} GiB · KV {:.1} MiB per slot × {} slots = {:.2} GiB ({} positions, {}) · compute ≈ {:.2} GiB · total ≈ {:.2} GiB",
@@ -799,13 +857,69 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         eprintln!("frigg serve: {} replicas ({} in host memory): ≈ {:.2} GiB of host memory in all", o.devices.len(), host_replicas, gib(budget.total * host_replicas));
     }
     budget.fits(host_replicas)?;
-    let tok = Arc::new(Tokenizer::from_model(&file, o.mistral_regex).map_err(|e| e.to_string())?);
-    let template = ChatTemplate::from_model(&file, &tok).map_err(|e| e.to_string())?;
-    drop(file);
-    // llguidance's view of the vocabulary, built while the engines load.
-    let tok3 = tok.clone();
-    let grammars = std::thread::spawn(move || crate::generate::constrain::Grammars::new(&tok3.tok_env()));
+    Ok(n_ctx)
+}
 
+/// Serves HTTP until SIGTERM/SIGINT and the drain after it; returns the requests the drain
+/// timeout cut.
+fn listen(state: web::Data<State>, o: &ServeOptions) -> Result<usize, String> {
+    let cors = o.cors_origin.clone();
+    let state2 = state.clone();
+    let addr = (o.host.clone(), o.port);
+    eprintln!("frigg serve: listening on http://{}:{} (model id `{}`, {} slots, queue {})", o.host, o.port, state.model_id, o.slots, o.queue);
+    let sys = actix_web::rt::System::new();
+    let (drain_delay, drain_timeout) = (o.drain_delay, o.drain_timeout);
+    sys.block_on(async move {
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state2.clone())
+                .wrap(actix_web::middleware::Condition::new(cors.is_some(), cors_middleware(cors.as_deref())))
+                .wrap_fn(preflight_no_content)
+                .service(web::resource("/health").get(health).default_service(web::to(get_only)))
+                .service(web::resource("/live").get(live).default_service(web::to(get_only)))
+                .service(web::resource("/metrics").get(metrics).default_service(web::to(get_only)))
+                .service(web::resource("/v1/models").get(models).default_service(web::to(get_only)))
+                .service(web::resource("/v1/chat/completions").post(chat).default_service(web::to(post_only)))
+                .service(web::resource("/v1/completions").post(completions).default_service(web::to(post_only)))
+                .service(web::resource("/tokenize").post(tokenize).default_service(web::to(post_only)))
+                .service(web::resource("/detokenize").post(detokenize).default_service(web::to(post_only)))
+                .default_service(web::to(not_found))
+        })
+        .on_connect(Peer::attach)
+        .workers(2)
+        // frigg drains in-flight work itself (below); this only closes idle connections.
+        .shutdown_timeout(5)
+        .disable_signals()
+        .bind(addr)
+        .map_err(|e| format!("cannot listen: {e}"))?
+        .run();
+        let handle = server.handle();
+        let st = state.clone();
+        let drained = actix_web::rt::spawn(async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            let cut = drain(&st, drain_delay, drain_timeout).await;
+            handle.stop(true).await;
+            cut
+        });
+        server.await.map_err(|e| e.to_string())?;
+        Ok::<usize, String>(drained.await.unwrap_or(0))
+    })
+}
+
+/// The engine replicas, each on its own thread: its counters, its job queue, its thread.
+struct Replicas {
+    stats: Vec<Arc<Stats>>,
+    jobs: Vec<crossbeam_channel::Sender<Job>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Loads one engine per `--devices` entry (one on the CPU or the first GPU by default), each
+/// running the scheduler on its own thread; returns once every one has loaded.
+fn start_replicas(o: &ServeOptions, n_ctx: usize, tok: &Arc<Tokenizer>) -> Result<Replicas, String> {
     let devices: Vec<Option<Option<usize>>> = if o.devices.is_empty() { vec![None] } else { o.devices.iter().map(|d| Some(*d)).collect() };
     let mut replicas = vec![];
     let mut senders = vec![];
@@ -845,88 +959,7 @@ pub fn serve(o: ServeOptions) -> Result<(), String> {
         eprintln!("frigg serve: replica {i} loaded; compute buffers reserved for a full-context prompt: {:.1} MiB", compute_bytes as f64 / (1u64 << 20) as f64);
     }
 
-    let grammars = grammars.join().map_err(|_| "building the grammar compiler panicked".to_string())??;
-    let state = web::Data::new(State {
-        grammars,
-        n_vocab: hp.n_vocab as usize,
-        tok,
-        template,
-        jobs: Mutex::new(Some(senders)),
-        replicas,
-        draining: AtomicBool::new(false),
-        closed: AtomicBool::new(false),
-        cut: AtomicBool::new(false),
-        in_flight: AtomicUsize::new(0),
-        model_id: o.alias.clone().unwrap_or_else(|| o.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "frigg".into())),
-        n_ctx,
-        slots: o.slots,
-        queue: o.queue,
-        max_body: o.max_body,
-        metrics_need_key: match o.metrics_auth {
-            MetricsAuth::Auto => !loopback,
-            MetricsAuth::Key => true,
-            MetricsAuth::Open => false,
-        },
-        api_key: o.api_key.clone(),
-        http: HttpMetrics::default(),
-        next_id: AtomicU64::new(1),
-    });
-    let cors = o.cors_origin.clone();
-    let state2 = state.clone();
-    let state_outer = state.clone();
-    let addr = (o.host.clone(), o.port);
-    eprintln!("frigg serve: listening on http://{}:{} (model id `{}`, {} slots, queue {})", o.host, o.port, state.model_id, o.slots, o.queue);
-    let sys = actix_web::rt::System::new();
-    let (drain_delay, drain_timeout) = (o.drain_delay, o.drain_timeout);
-    let result = sys.block_on(async move {
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(state2.clone())
-                .wrap(actix_web::middleware::Condition::new(cors.is_some(), cors_middleware(cors.as_deref())))
-                .wrap_fn(preflight_no_content)
-                .service(web::resource("/health").get(health).default_service(web::to(get_only)))
-                .service(web::resource("/metrics").get(metrics).default_service(web::to(get_only)))
-                .service(web::resource("/v1/models").get(models).default_service(web::to(get_only)))
-                .service(web::resource("/v1/chat/completions").post(chat).default_service(web::to(post_only)))
-                .service(web::resource("/v1/completions").post(completions).default_service(web::to(post_only)))
-                .service(web::resource("/tokenize").post(tokenize).default_service(web::to(post_only)))
-                .service(web::resource("/detokenize").post(detokenize).default_service(web::to(post_only)))
-                .default_service(web::to(not_found))
-        })
-        .on_connect(Peer::attach)
-        .workers(2)
-        // frigg drains in-flight work itself (below); this only closes idle connections.
-        .shutdown_timeout(5)
-        .disable_signals()
-        .bind(addr)
-        .map_err(|e| format!("cannot listen: {e}"))?
-        .run();
-        let handle = server.handle();
-        let st = state.clone();
-        let drained = actix_web::rt::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            let cut = drain(&st, drain_delay, drain_timeout).await;
-            handle.stop(true).await;
-            cut
-        });
-        server.await.map_err(|e| e.to_string())?;
-        Ok::<usize, String>(drained.await.unwrap_or(0))
-    });
-    // Closing the queues lets the engine threads finish what is active and return.
-    drop(state_outer.jobs.lock().expect("jobs lock").take());
-    for t in threads {
-        let _ = t.join();
-    }
-    let cut = result?;
-    if cut > 0 {
-        return Err(format!("stopped after the drain timeout ({} s) ended {cut} request(s) in flight", drain_timeout.as_secs()));
-    }
-    eprintln!("frigg serve: stopped");
-    Ok(())
+    Ok(Replicas { stats: replicas, jobs: senders, threads })
 }
 
 /// The drain after SIGTERM: `/health` 503 at once, requests still served for `delay`, then no

@@ -66,6 +66,11 @@ pub enum Event {
 pub struct Stats {
     pub busy_slots: AtomicUsize,
     pub queued: AtomicUsize,
+    /// Requests admitted and not yet finished (a request's `n` choices count once).
+    pub running: AtomicUsize,
+    /// Cache cells holding positions of live sequences, and the cells there are.
+    pub kv_cells_used: AtomicUsize,
+    pub kv_cells: AtomicUsize,
     pub prompt_tokens: AtomicUsize,
     pub generated_tokens: AtomicUsize,
     pub ready: AtomicBool,
@@ -108,6 +113,7 @@ pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: 
     // choices waits here until n streams are free (first come, first served).
     let mut head: Option<Job> = None;
     let mut padded = false; // the last decode step computed padding rows
+    stats.kv_cells.store(engine.cells(), Ordering::SeqCst);
     stats.ready.store(true, Ordering::SeqCst);
     loop {
         let free = engine.n_stream() - active.len();
@@ -133,7 +139,7 @@ pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: 
                 stats.busy_slots.store(active.len() + job.n, Ordering::SeqCst);
                 stats.queued.fetch_sub(1, Ordering::SeqCst);
                 admit(&mut engine, job, &mut active, &stats);
-                stats.busy_slots.store(active.len(), Ordering::SeqCst);
+                publish(&engine, &active, &stats);
             } else {
                 head = Some(job);
             }
@@ -149,8 +155,18 @@ pub fn run(mut engine: Engine, tok: Arc<Tokenizer>, jobs: Receiver<Job>, stats: 
         // back-to-back requests an admit refills it before the next step, and nothing is copied.
         let pack = padded && head.is_none() && jobs.is_empty();
         padded = step(&mut engine, &tok, &mut active, &stats, pack) > 0;
-        stats.busy_slots.store(active.len(), Ordering::SeqCst);
+        publish(&engine, &active, &stats);
     }
+}
+
+/// The gauges a balancer or an endpoint picker reads: busy streams, running requests, cache use.
+fn publish(engine: &Engine, active: &[Seq], stats: &Stats) {
+    stats.busy_slots.store(active.len(), Ordering::SeqCst);
+    let mut jobs: Vec<*const Job> = active.iter().map(|s| Arc::as_ptr(&s.job)).collect();
+    jobs.sort();
+    jobs.dedup();
+    stats.running.store(jobs.len(), Ordering::SeqCst);
+    stats.kv_cells_used.store(engine.cells_in_use(), Ordering::SeqCst);
 }
 
 /// Moves the sequence in the highest stream into the lowest free one while that is below it.
@@ -170,7 +186,10 @@ fn compact(engine: &mut Engine, active: &mut [Seq]) {
     }
 }
 
+/// Prefills a request's prompt into free streams and forks it into its `n` choices; answers
+/// a request that cannot be admitted (client gone, too many choices, engine error) itself.
 fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
+    let _span = tracing::debug_span!("admit", id = %job.id, n = job.n, prompt_tokens = job.prompt.len()).entered();
     let job = Arc::new(job);
     if job.events.is_closed() {
         return; // the client left while queued
@@ -223,6 +242,7 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
 /// (with `pack`, first moved into the lowest streams) while the next masks of constrained
 /// sequences are computed beside it. Returns the padding rows it computed.
 fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Stats, pack: bool) -> usize {
+    let _span = tracing::debug_span!("step", sequences = active.len()).entered();
     let mut finished = vec![];
     for (i, seq) in active.iter_mut().enumerate() {
         if seq.job.events.is_closed() {
@@ -295,5 +315,190 @@ fn advance(s: &mut Seq, tok: &Tokenizer, stats: &Stats) -> Option<u32> {
             let _ = s.job.events.send(Event::Error(e));
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The scheduler's admit, compact and step on a real engine (the tiny fixture), no HTTP.
+    use super::*;
+    use crate::engine::EngineOptions;
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        engine: Engine,
+        tok: Tokenizer,
+        stats: Stats,
+    }
+
+    fn fixture(n_stream: usize) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let gguf = dir.path().join("tiny.gguf");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        crate::convert::convert(&crate::convert::ConvertOptions {
+            checkpoint: root.join("tests/fixtures/ckpt/tiny-packed"),
+            output: gguf.clone(),
+            out_type: crate::convert::OutType::F32,
+            threads: 1,
+            progress: false,
+            name: None,
+        })
+        .unwrap();
+        let file = crate::engine::ModelFile::open(&gguf).unwrap();
+        let tok = Tokenizer::from_model(&file, false).unwrap();
+        let engine = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 128, n_stream, ..Default::default() }).unwrap();
+        Fixture { _dir: dir, engine, tok, stats: Stats::default() }
+    }
+
+    /// A greedy request for exactly `max_tokens` tokens (end of turn ignored).
+    fn job(id: &str, prompt: &[u32], n: usize, max_tokens: usize) -> (Job, UnboundedReceiver<Event>) {
+        let (events, rx) = unbounded_channel();
+        let job = Job {
+            id: id.into(),
+            prompt: prompt.to_vec(),
+            n,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stops: vec![],
+            logprobs: None,
+            ignore_eos: true,
+            grammar: None,
+            events,
+            enqueued: Instant::now(),
+        };
+        (job, rx)
+    }
+
+    fn drain(rx: &mut UnboundedReceiver<Event>) -> Vec<Event> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    fn streams(active: &[Seq]) -> Vec<usize> {
+        let mut s: Vec<usize> = active.iter().map(|q| q.stream.0).collect();
+        s.sort();
+        s
+    }
+
+    const PROMPT: [u32; 5] = [5, 17, 42, 9, 33];
+
+    #[test]
+    fn admit_prefills_once_and_forks_n_choices_into_free_streams() {
+        let mut f = fixture(4);
+        let mut active = vec![];
+        let (j, mut rx) = job("a", &PROMPT, 3, 4);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        assert_eq!(streams(&active), vec![0, 1, 2]);
+        for q in &active {
+            assert_eq!(f.engine.stream_len(q.stream), Some(PROMPT.len()));
+            assert_eq!(q.logits, active[0].logits, "choices share one prefill");
+        }
+        assert_eq!(f.engine.stream_len(StreamId(3)), None);
+        assert!(matches!(drain(&mut rx)[..], [Event::Started]));
+        assert_eq!(f.stats.prompt_tokens.load(Ordering::Relaxed), PROMPT.len());
+
+        // More choices than free streams: an error, and nothing taken.
+        let (j, mut rx) = job("b", &PROMPT, 2, 4);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        assert!(matches!(&drain(&mut rx)[..], [Event::Error(m)] if m.contains("exceeds")));
+        assert_eq!(active.len(), 3);
+        assert_eq!(f.engine.stream_len(StreamId(3)), None);
+
+        // A client that left while queued: not prefilled.
+        let (j, rx) = job("c", &PROMPT, 1, 4);
+        drop(rx);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        assert_eq!(active.len(), 3);
+        assert_eq!(f.stats.prompt_tokens.load(Ordering::Relaxed), PROMPT.len());
+    }
+
+    #[test]
+    fn step_decodes_every_sequence_to_its_length_and_frees_its_stream() {
+        let mut f = fixture(2);
+        let mut active = vec![];
+        let (j, mut rx) = job("a", &PROMPT, 2, 3);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        let mut steps = 0;
+        while !active.is_empty() {
+            step(&mut f.engine, &f.tok, &mut active, &f.stats, false);
+            steps += 1;
+            assert!(steps <= 4, "a 3-token request still running after {steps} steps");
+        }
+        // Three tokens sampled per choice; the third needs no forward, so two decode steps.
+        assert_eq!(f.stats.decode_steps.load(Ordering::Relaxed), 2);
+        assert_eq!(f.stats.decode_rows.load(Ordering::Relaxed), 4);
+        assert_eq!(f.stats.generated_tokens.load(Ordering::Relaxed), 6);
+        let events = drain(&mut rx);
+        let done: Vec<(usize, Finish, usize)> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Done { choice, finish, completion_tokens } => Some((*choice, *finish, *completion_tokens)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(done.len(), 2, "{events:?}");
+        assert!(done.iter().all(|&(_, finish, n)| finish == Finish::Length && n == 3), "{done:?}");
+        // Greedy choices of one prompt say the same thing.
+        let text = |c: usize| events.iter().filter_map(|e| match e { Event::Piece { choice, text, .. } if *choice == c => Some(text.as_str()), _ => None }).collect::<String>();
+        assert_eq!(text(0), text(1));
+        assert_eq!((f.engine.stream_len(StreamId(0)), f.engine.stream_len(StreamId(1))), (None, None));
+    }
+
+    #[test]
+    fn step_frees_a_left_clients_stream_without_decoding_it() {
+        let mut f = fixture(2);
+        let mut active = vec![];
+        let (j, _keep) = job("stays", &PROMPT, 1, 8);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        let (j, rx) = job("leaves", &PROMPT, 1, 8);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        drop(rx);
+        step(&mut f.engine, &f.tok, &mut active, &f.stats, false);
+        assert_eq!(streams(&active), vec![0]);
+        assert_eq!(f.engine.stream_len(StreamId(1)), None);
+        assert_eq!(f.stats.decode_rows.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn compact_moves_the_top_sequence_into_the_hole_and_it_reads_the_same() {
+        // Reference: the sequence decoded alone from stream 0 of a same-sized engine (the
+        // engine's promise: a sequence's logits do not depend on its neighbours or its stream).
+        let mut reference = fixture(3);
+        let mut alone = vec![];
+        let (j, _r) = job("ref", &PROMPT, 1, 8);
+        admit(&mut reference.engine, j, &mut alone, &reference.stats);
+        let mut expected = vec![];
+        for _ in 0..3 {
+            step(&mut reference.engine, &reference.tok, &mut alone, &reference.stats, false);
+            expected.push(alone[0].logits.clone());
+        }
+
+        let mut f = fixture(3);
+        let mut active = vec![];
+        let (j, rx0) = job("low", &[7, 7, 7], 1, 8);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        let (j, _r1) = job("mid", &[8, 8], 1, 8);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        let (j, _r2) = job("top", &PROMPT, 1, 8);
+        admit(&mut f.engine, j, &mut active, &f.stats);
+        step(&mut f.engine, &f.tok, &mut active, &f.stats, false);
+        drop(rx0); // stream 0 frees at the next step, leaving a hole below two live ones
+        step(&mut f.engine, &f.tok, &mut active, &f.stats, false);
+        assert_eq!(streams(&active), vec![1, 2]);
+        let len = f.engine.stream_len(StreamId(2));
+
+        compact(&mut f.engine, &mut active);
+        assert_eq!(streams(&active), vec![0, 1], "the top sequence moved down into stream 0");
+        assert_eq!(f.engine.stream_len(StreamId(0)), len);
+        assert_eq!(f.engine.stream_len(StreamId(2)), None);
+        let top = active.iter().position(|q| q.job.id == "top").unwrap();
+        assert_eq!(active[top].stream, StreamId(0));
+        assert_eq!(active[top].logits, expected[1], "after two steps in stream 2");
+        step(&mut f.engine, &f.tok, &mut active, &f.stats, false);
+        let top = active.iter().position(|q| q.job.id == "top").unwrap();
+        assert_eq!(active[top].logits, expected[2], "the moved sequence's next logits, bit for bit");
+        // Nothing to move when the live streams are the lowest.
+        compact(&mut f.engine, &mut active);
+        assert_eq!(streams(&active), vec![0, 1]);
     }
 }

@@ -1,7 +1,8 @@
 //! Tokenization with Hugging Face `tokenizers`, from the GGUF's embedded
 //! `tokenizer.huggingface.json` (or a checkpoint's tokenizer.json), exactly as transformers
 //! 5.23 tokenizes `hrm_text` and as Mimir's training data was tokenized: the raw tokenizer.json.
-//! `fix_mistral_regex` (seed 000 Finding 6) is an explicit opt-in; DESIGN.md §2 says why.
+//! `fix_mistral_regex` (the Mistral-regex patch some loaders apply, which splits "▁" off words
+//! like "▁men") is an explicit opt-in: the reference and the training data use the raw regex.
 
 use crate::engine::arch::key;
 use crate::ggml::gguf::{GgufFile, Value};

@@ -420,6 +420,8 @@ fn kernels_label(o: &EngineOptions) -> String {
 /// (model, KV type, kernels), a PrefixLM prefill of `prefill` tokens. With `vs_llama`, each
 /// repetition of frigg is followed by one of llama.cpp on the same file (its own cache of the
 /// same type, one stream per sequence, each filled by a causal prefill to `context`).
+/// Long on purpose: one loop nest in the order the cells are timed, over engines and peers it
+/// loads once; split, each part would take most of the loop's state.
 pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result<Vec<MatrixCell>, String> {
     let mut cells = vec![];
     let max_batch = o.batches.iter().copied().max().unwrap_or(1);
@@ -637,6 +639,8 @@ pub struct GrammarCell {
 /// Constrained against free decoding on one model: per batch size, `reps` alternated pairs of
 /// `steps` decode steps from `context` filled positions, each stream sampling its next token
 /// from the logits (under its mask in the constrained arm, a finished reply starting again).
+/// Long on purpose: the setup (vocabulary, compile) and the alternated arms share the engine
+/// and the timings; it reads as the measurement runs.
 pub fn grammar(o: &GrammarOptions) -> Result<Vec<GrammarCell>, String> {
     use crate::generate::constrain::{masks_beside, Grammars, Spec};
     use crate::generate::sampler::{Sampler, SamplingParams};

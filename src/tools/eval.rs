@@ -2,8 +2,8 @@
 //! with the model's chat template and answered greedily by up to three arms on the same GGUF:
 //! frigg with Mimir's PrefixLM prompt (the correct mask), frigg with a causal prompt
 //! (`--causal-prompt`: what an engine that ignores `token_type_ids` computes), and llama.cpp's
-//! own `hrm_text` through libllama (causal: it has no PrefixLM mode). Seed 000's Finding 1,
-//! measured end to end as accuracy.
+//! own `hrm_text` through libllama (causal: it has no PrefixLM mode). What ignoring the
+//! PrefixLM mask costs, measured end to end as accuracy (docs/eval.md).
 
 use crate::text::chat::ChatTemplate;
 use crate::engine::{Engine, EngineOptions};

@@ -29,41 +29,13 @@ impl Inspection {
     }
 }
 
-/// Everything that makes a GGUF unrunnable for frigg, listed at once.
-pub fn check_runnable(g: &GgufFile, tensors: &[TensorInfo]) -> (Option<HParams>, Vec<String>) {
-    let mut problems = vec![];
-    let hp = match HParams::from_gguf(g) {
-        Ok(hp) => Some(hp),
-        Err(e) => {
-            problems.push(e.to_string());
-            None
-        }
-    };
-    if let Some(hp) = &hp {
-        let has_output = tensors.iter().any(|t| t.name == arch::OUTPUT);
-        for spec in hp.tensor_specs(has_output) {
-            match tensors.iter().find(|t| t.name == spec.name) {
-                None => problems.push(format!("missing tensor {}", spec.name)),
-                Some(t) if t.shape != spec.shape => {
-                    problems.push(format!("tensor {} has shape {:?}, expected {:?}", spec.name, t.shape, spec.shape))
-                }
-                Some(t) if spec.always_f32 && t.ty != crate::ggml::GgmlType::F32 => {
-                    problems.push(format!("tensor {} is {:?}, expected f32", spec.name, t.ty))
-                }
-                Some(_) => {}
-            }
-        }
-    }
-    (hp, problems)
-}
-
 pub fn inspect(path: &Path) -> Result<Inspection, GgufError> {
     let g = GgufFile::open(path)?;
     let tensors = g.tensors();
     let size_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let n_params: u64 = tensors.iter().map(|t| t.shape.n_elements()).sum();
     let tensor_bytes: u64 = tensors.iter().map(|t| t.size).sum();
-    let (hparams, problems) = check_runnable(&g, &tensors);
+    let (hparams, problems) = arch::check_runnable(&g, &tensors);
     Ok(Inspection {
         architecture: g.get_str(key::ARCHITECTURE).unwrap_or_default(),
         metadata: g.metadata(),
@@ -140,8 +112,8 @@ impl Inspection {
         if let Some(hp) = &self.hparams {
             let _ = writeln!(
                 s,
-                "shape          hidden {} · heads {}×{} · ffn {} · vocab {} · {} layers/stack · H {} × L {} → {} KV slots · ctx {}",
-                hp.n_embd, hp.n_head, hp.head_dim, hp.n_ff, hp.n_vocab, hp.layers_per_stack, hp.h_cycles, hp.l_cycles, hp.n_slots(), hp.n_ctx_train
+                "shape          hidden {} · heads {}×{} · ffn {} · vocab {} · {} layers/stack · H {} × L {} → {} virtual layers · ctx {}",
+                hp.n_embd, hp.n_head, hp.head_dim, hp.n_ff, hp.n_vocab, hp.layers_per_stack, hp.h_cycles, hp.l_cycles, hp.n_virtual_layers(), hp.n_ctx_train
             );
         }
         let _ = writeln!(s, "runnable       {}", if self.runnable() { "yes".to_string() } else { format!("no: {}", self.problems.join("; ")) });

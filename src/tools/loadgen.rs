@@ -26,6 +26,25 @@ pub struct LoadOptions {
     pub server_pid: Option<u32>,
     /// Resident memory after this long is the soak's baseline.
     pub warmup: Duration,
+    /// Per-request timeline, one JSON line each (`RequestLine`).
+    pub log: Option<std::path::PathBuf>,
+}
+
+/// One request in the `log` timeline.
+#[derive(Debug, Serialize)]
+struct RequestLine<'a> {
+    client: usize,
+    /// Unix seconds.
+    start: f64,
+    end: f64,
+    ok: bool,
+    error: Option<&'a str>,
+    ttft_s: Option<f64>,
+    completion_tokens: u64,
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
 /// What a soak measures besides throughput: memory growth and leaked slots.
@@ -160,6 +179,9 @@ fn mix_sets(slots: u64) -> Vec<(&'static str, serde_json::Value, bool)> {
 }
 
 struct One {
+    /// Unix seconds at the request's start and end.
+    start: f64,
+    end: f64,
     ok: bool,
     set: &'static str,
     error: Option<String>,
@@ -175,9 +197,11 @@ fn is_loopback(url: &str) -> bool {
     matches!(host, "127.0.0.1" | "localhost" | "[::1]")
 }
 
+/// One request of the load and what it measured (time to first token, tokens, the error).
+/// Long on purpose: the streamed and the non-streamed arm each read their response in place.
 fn one_request(agent: &ureq::Agent, o: &LoadOptions, sets: &[(&'static str, serde_json::Value, bool)], i: usize, stream_no: usize) -> One {
     let (set, extra, streamed) = if o.mix { sets[(i + stream_no) % sets.len()].clone() } else { sets[0].clone() };
-    let mut r = One { ok: false, set, error: None, ttft: None, prompt_tokens: 0, completion_tokens: 0 };
+    let mut r = One { start: unix_now(), end: 0.0, ok: false, set, error: None, ttft: None, prompt_tokens: 0, completion_tokens: 0 };
     let prompt = PROMPTS[(i + stream_no) % PROMPTS.len()];
     let content = if set == "json_object" { format!("Answer in JSON. {prompt}") } else { prompt.to_string() };
     let mut body = serde_json::json!({
@@ -314,6 +338,9 @@ fn server_gauge(agent: &ureq::Agent, url: &str, name: &str) -> Option<u64> {
     metric_value(&metrics_text(agent, url)?, name).map(|v| v as u64)
 }
 
+/// The load: `streams` client threads for `duration`, a memory sampler for the soak, then the
+/// report. Long on purpose: it reads top to bottom as the run happens, over state the client
+/// threads, the sampler and the report share.
 pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
     if !is_loopback(&o.url) {
         return Err(format!("{}: frigg bench load only targets loopback (http://127.0.0.1:PORT or http://localhost:PORT)", o.url));
@@ -358,7 +385,9 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
                     let mut out = vec![];
                     let mut i = 0;
                     while Instant::now() < deadline {
-                        out.push(one_request(&agent, o, sets, i, k));
+                        let mut one = one_request(&agent, o, sets, i, k);
+                        one.end = unix_now();
+                        out.push(one);
                         i += 1;
                     }
                     out
@@ -373,6 +402,15 @@ pub fn run(o: &LoadOptions) -> Result<LoadReport, String> {
         results
     });
     let wall = start.elapsed().as_secs_f64();
+    if let Some(path) = &o.log {
+        let mut text = String::new();
+        for (client, r) in results.iter().enumerate().flat_map(|(k, rs)| rs.iter().map(move |r| (k, r))) {
+            let line = RequestLine { client, start: r.start, end: r.end, ok: r.ok, error: r.error.as_deref(), ttft_s: r.ttft, completion_tokens: r.completion_tokens };
+            text.push_str(&serde_json::to_string(&line).map_err(|e| e.to_string())?);
+            text.push('\n');
+        }
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     let engine = engine_before.zip(EngineTime::read(&agent, &o.url)).map(|(b, a)| EngineTime::between(b, a));
     let soak = o.server_pid.map(|pid| {
         // A finished request frees its slot within one decode step: give the server a moment.

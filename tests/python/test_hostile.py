@@ -141,6 +141,8 @@ def test_drain_delay_keeps_serving_while_health_says_503():
         time.sleep(0.3)
         status, _, _ = raw(s.port, "GET", "/health")
         assert status == 503
+        status, _, body = raw(s.port, "GET", "/live")  # liveness: a draining pod is not restarted
+        assert status == 200 and json.loads(body)["status"] == "alive"
         r = s.client(key="none").chat.completions.create(model="x", messages=B["messages"], max_tokens=3)
         assert r.choices[0].finish_reason in ("stop", "length")
         time.sleep(2.5)

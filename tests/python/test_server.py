@@ -456,3 +456,30 @@ def test_a_sequence_above_a_free_stream_moves_down_and_reads_the_same():
         assert metric(s, "frigg_decode_padding_rows_total") == 1
     finally:
         assert s.stop() == 0
+
+
+def test_running_requests_and_kv_cache_usage_gauges_follow_the_work():
+    """The gauges an endpoint picker reads (docs/deploy.md): running requests count a request
+    once whatever its `n`, and KV-cache usage is the live sequences' cells over all cells."""
+    s = Server("--slots", "4", "--queue", "4", model=medium_model(), ctx=512)
+    try:
+        assert metric(s, "frigg_running_requests") == 0 and metric(s, "frigg_kv_cache_usage_ratio") == 0
+        c = s.client(key="none")
+        prompt = c.chat.completions.create(model="x", messages=MSG, max_tokens=1).usage.prompt_tokens
+        stream = c.chat.completions.create(model="x", messages=MSG, max_tokens=200, n=2, stream=True, extra_body={"ignore_eos": True})
+        chunks = iter(stream)
+        for _ in range(6):  # both choices admitted and decoding
+            next(chunks)
+        running, usage = metric(s, "frigg_running_requests"), metric(s, "frigg_kv_cache_usage_ratio")
+        assert running == 1 and metric(s, "frigg_busy_slots") == 2
+        # Two sequences of (prompt + a few tokens) cells in 4 streams x 512 cells.
+        assert 2 * prompt / 2048 <= usage <= 2 * (prompt + 200) / 2048, (usage, prompt)
+        list(chunks)
+        deadline = time.time() + 10
+        while metric(s, "frigg_running_requests") != 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert metric(s, "frigg_running_requests") == 0 and metric(s, "frigg_kv_cache_usage_ratio") == 0
+        with urllib.request.urlopen(f"{s.url}/live") as r:
+            assert r.status == 200
+    finally:
+        assert s.stop() == 0
