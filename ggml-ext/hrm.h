@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -132,6 +133,18 @@ struct ggml_tensor * hrm_decode_attention(struct ggml_context * ctx, struct ggml
 // Supported on AVX2 builds only (elsewhere hrm_decode_matmul is ggml_mul_mat).
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x);
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x);
+
+// Median seconds of one decode op on `backend` (after a warm-up), as hrm_ops.c builds it with
+// its choice forced: use_ext 1, the extension's kernel; 0, ggml's. -1 when the extension has no
+// kernel for it (or it cannot run). For measuring which one a decode graph should use.
+//   matmuls: every w[i] (weights, allocated) · x_i F32 [w[i]->ne[0], n_cols], in one graph (so
+//     weights larger than the caches are read from memory as a decode step reads them);
+//     *used_ext says whether the extension had a kernel for any of them
+//   attention: q F32 [hd, nh, S], k and v [hd, nh, n_kv, S] of kv_type, mask F16 [n_kv, 1, 1, S]
+double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, int n_w, int n_cols, int use_ext, int reps,
+                               int * used_ext);
+double hrm_time_decode_attention(ggml_backend_t backend, enum ggml_type kv_type, int head_dim, int n_head,
+                                 int n_kv, int n_stream, int use_ext, int reps);
 
 // Upper bound on the graph nodes hrm_build_forward adds for this model.
 size_t hrm_graph_nodes(const struct hrm_hparams * hp);

@@ -2,16 +2,23 @@
 
 #include "hrm_ops.h"
 
+#include "ggml-backend.h"
+
 #include <math.h>
+
+int hrm_op_mul_mat_is_extension(const struct hrm_step * step, const struct ggml_tensor * w,
+                                const struct ggml_tensor * x) {
+    // decode steps on a CPU take the extension's matmul where it applies (Q8_0 with several
+    // streams, BF16 always: hrm_decode_matmul_supported), and only on weights in ggml's plain
+    // layout: a weight in one of the CPU's extra buffer types (repacked, AMX tiles) is stored
+    // in that type's own layout, which only ggml's matmul reads
+    return !step->first && step->cpu_decode_matmul && w->buffer && ggml_backend_buffer_is_host(w->buffer) &&
+           hrm_decode_matmul_supported(w, x);
+}
 
 struct ggml_tensor * hrm_op_mul_mat(struct ggml_context * ctx, const struct hrm_step * step,
                                     struct ggml_tensor * w, struct ggml_tensor * x) {
-    // decode steps on a CPU take the extension's matmul where it applies (Q8_0 with several
-    // streams, BF16 always: hrm_decode_matmul_supported)
-    if (!step->first && step->cpu_decode_matmul && hrm_decode_matmul_supported(w, x)) {
-        return hrm_decode_matmul(ctx, w, x);
-    }
-    return ggml_mul_mat(ctx, w, x);
+    return hrm_op_mul_mat_is_extension(step, w, x) ? hrm_decode_matmul(ctx, w, x) : ggml_mul_mat(ctx, w, x);
 }
 
 // ggml's flash attention: q is permuted to [hd, T, nh, S], k and v to [hd, n_kv, nh, S].
@@ -29,11 +36,14 @@ static struct ggml_tensor * hrm_flash_attention(struct ggml_context * ctx, const
 struct ggml_tensor * hrm_op_attention(struct ggml_context * ctx, const struct hrm_step * step,
                                       struct ggml_tensor * q, struct ggml_tensor * k,
                                       struct ggml_tensor * v, struct ggml_tensor * mask) {
+    return hrm_op_attention_is_extension(step, k, v) ? hrm_decode_attention(ctx, q, k, v, mask)
+                                                     : hrm_flash_attention(ctx, step, q, k, v, mask);
+}
+
+int hrm_op_attention_is_extension(const struct hrm_step * step, const struct ggml_tensor * k,
+                                  const struct ggml_tensor * v) {
     // decode steps (one token per stream, read from the cache) on a CPU take the extension's
     // attention when the cache type allows it
-    if (!step->first && step->cpu_decode_attention && step->n_tokens == 1 && k->type == v->type &&
-        hrm_decode_attention_supported(k->type)) {
-        return hrm_decode_attention(ctx, q, k, v, mask);
-    }
-    return hrm_flash_attention(ctx, step, q, k, v, mask);
+    return !step->first && step->cpu_decode_attention && step->n_tokens == 1 && k->type == v->type &&
+           hrm_decode_attention_supported(k->type);
 }

@@ -921,6 +921,10 @@ fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
         engine.compute_bytes() as f64 / (1 << 20) as f64,
         runner.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
     );
+    eprintln!("frigg: weights: {}", engine.model.placement());
+    if let Some(k) = engine.kernels() {
+        eprintln!("frigg: {k}");
+    }
     let req = frigg::generate::Request {
         token_types: r.causal_prompt.then(|| vec![0; prompt_ids.len()]),
         prompt: prompt_ids,

@@ -10,10 +10,12 @@
 pub mod arch;
 pub mod file;
 pub mod host;
+pub mod kernels;
 pub mod kv;
 pub mod weights;
 
 pub use file::{Budget, ModelFile};
+pub use kernels::{KernelChoice, KernelPlan};
 pub use kv::{KvCache, KvType};
 
 use crate::engine::arch::HParams;
@@ -84,20 +86,20 @@ pub struct EngineOptions {
     pub gpu: bool,
     /// Which GPU (ggml's device order) when `gpu`; None = the first.
     pub gpu_index: Option<usize>,
-    /// Use the CPU's repacked weight layout for Q4_0/Q4_K.
-    pub repack: bool,
+    /// On the CPU, put each weight in the first of ggml's extra buffer types (repacked
+    /// layouts, AMX tiles, KleidiAI) whose kernels take it; off: every weight in plain memory.
+    pub extra_buffers: bool,
     /// With more than one stream: decode with ggml's reference kernels at every batch size, so
     /// a sequence's logits do not depend on what it is batched with (off: ggml's fastest
     /// kernels, whose rounding depends on the batch). A one-stream engine always uses the
     /// fastest kernels.
     pub batch_invariant: bool,
-    /// Decode steps on a CPU attend with ggml's flash attention instead of the extension's
-    /// decode attention (`ggml-ext/hrm_attn.c`, faster: docs/benchmarks.md). Default: off.
-    pub flash_decode: bool,
-    /// Decode steps on a CPU multiply Q8_0 weights with ggml's mul_mat instead of the
-    /// extension's (`ggml-ext/hrm_matmul.c`: one pass over the weights for every stream).
-    /// Default: off.
-    pub ggml_decode_matmul: bool,
+    /// Decode attention on a CPU: the extension's (`ggml-ext/hrm_attn.c`) or ggml's flash
+    /// attention; by default timed at load (`engine::kernels`).
+    pub decode_attention: KernelChoice,
+    /// Decode matmuls of Q8_0/BF16 weights on a CPU: the extension's (`ggml-ext/hrm_matmul.c`:
+    /// one pass over the weights for every stream) or ggml's; by default timed at load.
+    pub decode_matmul: KernelChoice,
 }
 
 impl Default for EngineOptions {
@@ -109,24 +111,28 @@ impl Default for EngineOptions {
             kv_type: KvType::F16,
             gpu: false,
             gpu_index: None,
-            repack: true,
+            extra_buffers: true,
             batch_invariant: true,
-            flash_decode: false,
-            ggml_decode_matmul: false,
+            decode_attention: KernelChoice::Measure,
+            decode_matmul: KernelChoice::Measure,
         }
     }
 }
 
 impl EngineOptions {
-    /// The CPU levers the environment switches back to ggml's (to measure them one at a time:
-    /// scripts/bench-ab.sh): FRIGG_DECODE_ATTENTION=flash, FRIGG_DECODE_MATMUL=ggml.
+    /// The decode kernels the environment forces (to measure them one at a time:
+    /// scripts/bench-ab.sh): FRIGG_DECODE_ATTENTION=flash|ext|measure,
+    /// FRIGG_DECODE_MATMUL=ggml|ext|measure.
     pub fn levers_from_env(mut self) -> Self {
-        self.flash_decode |= std::env::var("FRIGG_DECODE_ATTENTION").as_deref() == Ok("flash");
-        self.ggml_decode_matmul |= std::env::var("FRIGG_DECODE_MATMUL").as_deref() == Ok("ggml");
+        if let Some(c) = KernelChoice::from_env("FRIGG_DECODE_ATTENTION", "flash") {
+            self.decode_attention = c;
+        }
+        if let Some(c) = KernelChoice::from_env("FRIGG_DECODE_MATMUL", "ggml") {
+            self.decode_matmul = c;
+        }
         self
     }
 }
-
 
 /// Which rows of a first forward get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +163,8 @@ pub struct Engine {
     /// Decode steps use the extension's CPU attention and Q8_0 matmul (`hrm_step`).
     cpu_decode_attention: bool,
     cpu_decode_matmul: bool,
+    /// CPU engines: which decode kernels run, and why.
+    kernels: Option<KernelPlan>,
 }
 
 /// Intermediate-tensor dumps for parity diffs: every F32 node whose name contains `filter`
@@ -230,7 +238,7 @@ impl Engine {
         backends.push(cpu_first);
         backends.push(cpu_decode);
         let main = &backends[0];
-        let model = Model::load(path, main, opts.repack)?;
+        let model = Model::load(path, main, opts.extra_buffers)?;
         let hp = model.hp.clone();
         let n_ctx = if opts.n_ctx == 0 { hp.n_ctx_train as usize } else { opts.n_ctx };
         if n_ctx > hp.n_ctx_train as usize {
@@ -245,10 +253,37 @@ impl Engine {
         let decode: Vec<&Backend> = gpu.iter().copied().chain([&backends[n - 1]]).collect();
         let sched_first = Scheduler::new(&first, graph_size)?;
         let sched_decode = Scheduler::new(&decode, graph_size)?;
-        // The extension's decode attention is a CPU custom op: on a GPU it would pull every
-        // layer's attention back to the CPU, so GPU engines keep flash attention.
-        let cpu_decode_attention = !opts.gpu && !opts.flash_decode;
-        let cpu_decode_matmul = !opts.gpu && !opts.ggml_decode_matmul;
+        // The extension's decode kernels are CPU custom ops: on a GPU they would pull every
+        // layer back to the CPU, so GPU engines keep ggml's ops.
+        let kernels = (!opts.gpu).then(|| {
+            let input = kernels::PlanInput {
+                backend: &backends[n - 1],
+                // past any CPU's last-level cache, as a decode step streams them
+                weights: model.layer_matmul_weights(512 << 20),
+                kv_type: opts.kv_type.ggml(),
+                head_dim: hp.head_dim as usize,
+                n_head: hp.n_head as usize,
+                n_ctx,
+                n_stream: opts.n_stream.max(1),
+                key: format!(
+                    "{} | {} | {} | {} | threads {} | streams {} | invariant {} | kv {}",
+                    host::machine().cpu,
+                    Backend::cpu_features().join(" "),
+                    crate::long_version(),
+                    model.placement(),
+                    opts.threads,
+                    opts.n_stream.max(1),
+                    opts.batch_invariant && opts.n_stream > 1,
+                    opts.kv_type
+                ),
+            };
+            kernels::plan(&input, opts.decode_matmul, opts.decode_attention)
+        });
+        let cpu_decode_attention = kernels.as_ref().is_some_and(|k| k.attention.extension);
+        let cpu_decode_matmul = kernels.as_ref().is_some_and(|k| k.matmul.extension);
+        if let Some(k) = &kernels {
+            tracing::info!("{k}");
+        }
         let mut engine = Engine {
             model,
             kv,
@@ -261,6 +296,7 @@ impl Engine {
             dumped_forwards: None,
             cpu_decode_attention,
             cpu_decode_matmul,
+            kernels,
         };
         engine.reserve_compute()?;
         Ok(engine)
@@ -316,6 +352,11 @@ impl Engine {
 
     pub fn stream_len(&self, stream: StreamId) -> Option<usize> {
         self.lens.get(stream.0).copied().flatten()
+    }
+
+    /// Which decode kernels this engine runs, and why (CPU engines).
+    pub fn kernels(&self) -> Option<&KernelPlan> {
+        self.kernels.as_ref()
     }
 
     /// Cache cells holding a position of a live sequence, over all streams.

@@ -1,7 +1,7 @@
 //! Loading an `hrm_text` GGUF's weights into ggml backend buffers.
 
 use crate::engine::arch::{self, HParams, LayerWeight};
-use crate::ggml::compute::{Arena, Backend, BufferType, ComputeError, Tensor};
+use crate::ggml::compute::{Arena, Backend, BufferType, ComputeError, Tensor, WeightUse};
 use crate::ggml::gguf::{GgufError, GgufFile};
 use crate::ggml::{ext, GgmlType};
 use std::collections::HashMap;
@@ -29,8 +29,8 @@ pub struct Model {
     pub hp: HParams,
     pub path: PathBuf,
     pub file_type: Option<u64>,
-    /// Bytes of weights per buffer type name.
-    pub weight_bytes: Vec<(String, usize)>,
+    /// Where the weights went: buffer type name, bytes, tensors by type ("112 q8_0, 1 f32").
+    pub weight_bytes: Vec<(String, usize, String)>,
     tok_embd: Tensor,
     /// None: tied to `tok_embd`.
     output: Option<Tensor>,
@@ -53,10 +53,12 @@ fn computable(ty: GgmlType) -> bool {
 }
 
 impl Model {
-    /// Loads `path` for `backend`. On the CPU, Q4_0/Q4_K matmul weights go to the repacking
-    /// buffer type when it exists; embeddings always stay in a plain buffer (get_rows).
+    /// Loads `path` for `backend`. On the CPU with `extra_buffers`, each weight goes to the
+    /// first of the CPU's extra buffer types (ggml's order) whose `supports_op` accepts every op
+    /// that reads it, else to the backend's buffer; on a GPU the embedding stays in host memory
+    /// (get_rows runs on the CPU there).
     /// Long on purpose: one walk over the file's tensor table, placing and typing each weight.
-    pub fn load(path: &Path, backend: &Backend, repack: bool) -> Result<Model, LoadError> {
+    pub fn load(path: &Path, backend: &Backend, extra_buffers: bool) -> Result<Model, LoadError> {
         let g = GgufFile::open(path)?;
         let infos = g.tensors();
         let (hp, problems) = super::arch::check_runnable(&g, &infos);
@@ -67,42 +69,47 @@ impl Model {
         let has_output = infos.iter().any(|t| t.name == arch::OUTPUT);
         let specs = hp.tensor_specs(has_output);
 
-        let main_buft = backend.buffer_type();
-        let repack_buft = if repack && backend.is_cpu() { Backend::cpu_repack_buffer_type() } else { None };
-        // Where each weight lives: the backend's buffer, ggml's repacking one for Q4 matmul
-        // weights on the CPU, and host memory for the embedding on a GPU (get_rows runs on
-        // the CPU there).
-        const PLAIN: usize = 0;
-        const REPACK: usize = 1;
-        const EMBD: usize = 2;
-        let mut arenas = [Arena::new(specs.len() + 1)?, Arena::new(specs.len() + 1)?, Arena::new(2)?];
-        let mut used = [false; 3];
+        let extra = if extra_buffers && backend.is_cpu() { Backend::cpu_extra_buffer_types() } else { vec![] };
+        // One arena per buffer type used, in the order first used.
+        let mut homes: Vec<(BufferType, Arena)> = vec![];
         let mut tensors: HashMap<String, (Tensor, u64, u64)> = HashMap::new();
         for spec in &specs {
             let info = infos.iter().find(|t| t.name == spec.name).expect("checked by check_runnable");
             if !computable(info.ty) {
                 return Err(LoadError::UnsupportedType { path: path.to_path_buf(), name: info.name.clone(), ty: info.ty.name() });
             }
-            let home = if spec.name == arch::TOKEN_EMBD && !backend.is_cpu() {
-                EMBD
-            } else if spec.name == arch::TOKEN_EMBD {
-                PLAIN
-            } else if repack_buft.is_some() && [GgmlType::Q4_0, GgmlType::Q4_K].contains(&info.ty) && info.shape.dims().get(1).is_some_and(|r| r % 8 == 0) {
-                REPACK
+            let dims = info.shape.dims();
+            let uses: &[WeightUse] = if spec.name == arch::TOKEN_EMBD {
+                // tied: the embedding is the output projection too
+                if has_output { &[WeightUse::GetRows] } else { &[WeightUse::GetRows, WeightUse::MulMat] }
+            } else if dims.len() == 2 {
+                &[WeightUse::MulMat]
             } else {
-                PLAIN
+                &[]
             };
-            used[home] = true;
-            let t = arenas[home].tensor(&spec.name, info.ty, info.shape.dims());
+            let buft = if spec.name == arch::TOKEN_EMBD && !backend.is_cpu() {
+                BufferType::cpu()
+            } else if uses.is_empty() {
+                backend.buffer_type()
+            } else {
+                extra.iter().copied().find(|b| b.supports_weight(info.ty, dims, uses)).unwrap_or_else(|| backend.buffer_type())
+            };
+            let at = match homes.iter().position(|(b, _)| *b == buft) {
+                Some(i) => i,
+                None => {
+                    homes.push((buft, Arena::new(specs.len() + 1)?));
+                    homes.len() - 1
+                }
+            };
+            let t = homes[at].1.tensor(&spec.name, info.ty, dims);
             tensors.insert(spec.name.clone(), (t, info.offset, info.size));
         }
         let mut weight_bytes = vec![];
-        for (home, buft, what) in [(PLAIN, Some(main_buft), "weights"), (REPACK, repack_buft, "repacked weights"), (EMBD, Some(BufferType::cpu()), "embeddings")] {
-            if let (true, Some(buft)) = (used[home], buft) {
-                let size = arenas[home].alloc(buft, what)?;
-                arenas[home].mark_weights();
-                weight_bytes.push((buft.name(), size));
-            }
+        for (buft, arena) in &mut homes {
+            let size = arena.alloc(*buft, "weights")?;
+            arena.mark_weights();
+            let types: Vec<String> = arena.types().iter().map(|(t, n)| format!("{n} {t}")).collect();
+            weight_bytes.push((buft.name(), size, types.join(", ")));
         }
 
         // Read each tensor's bytes from the file into its buffer.
@@ -140,6 +147,32 @@ impl Model {
             path: path.to_path_buf(),
             weight_bytes,
         })
+    }
+
+    /// The matmul weights of whole layers, from the first, until they hold at least `bytes`
+    /// (or all layers do).
+    pub(crate) fn layer_matmul_weights(&self, bytes: usize) -> Vec<&Tensor> {
+        let mut out = vec![];
+        let mut held = 0;
+        for l in &self.layers {
+            if held >= bytes {
+                break;
+            }
+            for w in [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
+                held += w.nbytes();
+                out.push(w);
+            }
+        }
+        out
+    }
+
+    /// Where the weights sit: "CPU_REPACK 1.20 GiB (96 q4_K) · CPU 0.60 GiB (16 q6_K, 1 f32)".
+    pub fn placement(&self) -> String {
+        self.weight_bytes
+            .iter()
+            .map(|(buft, bytes, types)| format!("{buft} {:.2} GiB ({types})", *bytes as f64 / (1u64 << 30) as f64))
+            .collect::<Vec<_>>()
+            .join(" · ")
     }
 
     /// The weights as the graph builder reads them.

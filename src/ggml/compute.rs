@@ -144,38 +144,77 @@ impl Backend {
         BufferType(unsafe { sys::ggml_backend_get_default_buffer_type(self.ptr.as_ptr()) })
     }
 
-    /// The CPU's repacking buffer type (weights re-laid out for faster matmuls), if compiled in.
-    pub fn cpu_repack_buffer_type() -> Option<BufferType> {
+    /// The CPU device's extra buffer types (weight layouts for its faster kernels: AMX tiles,
+    /// KleidiAI, ggml's repacked blocks), those this build and CPU offer, in ggml's order of
+    /// preference.
+    pub fn cpu_extra_buffer_types() -> Vec<BufferType> {
+        let mut out = vec![];
         // SAFETY: registry lookups; the proc address, when present, has the documented signature
         // and returns a NULL-terminated array of static buffer types.
         unsafe {
             let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
             if dev.is_null() {
-                return None;
+                return out;
             }
             let reg = sys::ggml_backend_dev_backend_reg(dev);
             let name = CString::new("ggml_backend_dev_get_extra_bufts").expect("static");
             let f = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
             if f.is_null() {
-                return None;
+                return out;
             }
             let f: sys::ggml_backend_dev_get_extra_bufts_t = std::mem::transmute(f);
-            let mut p = (f?)(dev);
+            let Some(f) = f else { return out };
+            let mut p = f(dev);
             while !p.is_null() && !(*p).is_null() {
-                let bt = *p;
-                let n = CStr::from_ptr(sys::ggml_backend_buft_name(bt)).to_string_lossy();
-                if n.contains("REPACK") {
-                    return Some(BufferType(bt));
-                }
+                out.push(BufferType(*p));
                 p = p.add(1);
             }
-            None
         }
+        out
+    }
+
+    /// The CPU features ggml reports for this build on this machine ("AVX2", "AVX512",
+    /// "AMX_INT8", "REPACK", "OPENMP", …), as `name` or `name=value`.
+    pub fn cpu_features() -> Vec<String> {
+        let mut out = vec![];
+        // SAFETY: registry lookups; the proc address, when present, has the documented signature
+        // and returns an array of static name/value strings ended by a NULL name.
+        unsafe {
+            let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
+            if dev.is_null() {
+                return out;
+            }
+            let reg = sys::ggml_backend_dev_backend_reg(dev);
+            let name = CString::new("ggml_backend_get_features").expect("static");
+            let f = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
+            if f.is_null() {
+                return out;
+            }
+            let f: sys::ggml_backend_get_features_t = std::mem::transmute(f);
+            let Some(f) = f else { return out };
+            let mut p = f(reg);
+            while !p.is_null() && !(*p).name.is_null() {
+                let n = CStr::from_ptr((*p).name).to_string_lossy();
+                let v = if (*p).value.is_null() { "".into() } else { CStr::from_ptr((*p).value).to_string_lossy() };
+                out.push(if v == "1" || v.is_empty() { n.into_owned() } else { format!("{n}={v}") });
+                p = p.add(1);
+            }
+        }
+        out
     }
 }
 
+/// An op that reads a weight, as the engine runs it (for `BufferType::supports_weight`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightUse {
+    /// `mul_mat(w, x)`, x F32 [K, n] for every n the engine runs (one decode row to a prefill).
+    MulMat,
+    /// `get_rows(w, ids)`: the embedding lookup.
+    GetRows,
+}
+
 /// A buffer type (where tensors can live).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufferType(sys::ggml_backend_buffer_type_t);
 
 impl BufferType {
@@ -187,6 +226,48 @@ impl BufferType {
     pub fn name(&self) -> String {
         // SAFETY: static name.
         unsafe { CStr::from_ptr(sys::ggml_backend_buft_name(self.0)).to_string_lossy().into_owned() }
+    }
+
+    /// Whether this buffer type's device computes every op in `uses` with a weight of type `ty`
+    /// and ggml shape `ne` stored in this buffer type: ggml's own answer (`supports_op` on the op
+    /// built around a weight in a zero-size buffer of this type), the question llama.cpp's
+    /// loader asks of each extra buffer type.
+    pub fn supports_weight(&self, ty: GgmlType, ne: &[i64], uses: &[WeightUse]) -> bool {
+        if ne.len() != 2 {
+            return false;
+        }
+        let Ok(ctx) = Context::new(8, 0) else { return false };
+        // SAFETY: a no_alloc context with room for the 6 tensors made here; the zero-size buffer
+        // is attached to the weight only for the supports_op calls, then detached and freed
+        // before the context (and the weight) go.
+        unsafe {
+            let dev = sys::ggml_backend_buft_get_device(self.0);
+            if dev.is_null() {
+                return false;
+            }
+            let c = ctx.raw();
+            let w = sys::ggml_new_tensor(c, ty.0, 2, ne.as_ptr());
+            let mut ops = vec![];
+            for u in uses {
+                match u {
+                    WeightUse::MulMat => {
+                        for n in [1, 512] {
+                            ops.push(sys::ggml_mul_mat(c, w, sys::ggml_new_tensor_2d(c, sys::GGML_TYPE_F32, ne[0], n)));
+                        }
+                    }
+                    WeightUse::GetRows => ops.push(sys::ggml_get_rows(c, w, sys::ggml_new_tensor_1d(c, sys::GGML_TYPE_I32, 512))),
+                }
+            }
+            let buf = sys::ggml_backend_buft_alloc_buffer(self.0, 0);
+            if buf.is_null() {
+                return false;
+            }
+            (*w).buffer = buf;
+            let ok = ops.iter().all(|&op| sys::ggml_backend_dev_supports_op(dev, op));
+            (*w).buffer = std::ptr::null_mut();
+            sys::ggml_backend_buffer_free(buf);
+            ok
+        }
     }
 }
 
@@ -340,6 +421,20 @@ impl Arena {
     /// Bytes allocated.
     pub fn size(&self) -> usize {
         self.0.buffer.get().map_or(0, Buffer::size)
+    }
+
+    /// Tensors in the arena, counted by type name ("q8_0" → 112).
+    pub fn types(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        // SAFETY: iterating this context's tensors.
+        unsafe {
+            let mut t = sys::ggml_get_first_tensor(self.0.ctx.raw());
+            while !t.is_null() {
+                *out.entry(GgmlType((*t).type_).name()).or_insert(0) += 1;
+                t = sys::ggml_get_next_tensor(self.0.ctx.raw(), t);
+            }
+        }
+        out
     }
 
     fn total_bytes(&self) -> usize {

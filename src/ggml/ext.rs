@@ -1,7 +1,8 @@
 //! frigg's C extension to ggml (`ggml-ext/`): the HRM-Text forward as a graph builder, the
 //! PrefixLM mask, and the CPU decode kernels the builder may choose.
 
-use super::compute::{ArenaInner, ComputeError, Graph, Scheduler, Tensor};
+use super::compute::{ArenaInner, Backend, ComputeError, Graph, Scheduler, Tensor};
+use super::GgmlType;
 use std::sync::Arc;
 
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all, clippy::undocumented_unsafe_blocks)]
@@ -202,4 +203,37 @@ impl Step {
         unsafe { super::sys::ggml_backend_tensor_get(io.logits, out.as_mut_ptr() as *mut _, 0, n) };
         Ok(())
     }
+}
+
+/// Median seconds of one graph of decode matmuls, `w · x` for every `w` in `weights` (x F32
+/// `[K, n_cols]`), on `backend` after a warm-up, by the extension's kernel (`extension`, where it
+/// has one) or ggml's, exactly as a decode graph builds them; with whether the extension's
+/// kernel ran for any. None when the graph could not run.
+pub fn time_decode_matmuls(backend: &Backend, weights: &[&Tensor], n_cols: usize, extension: bool, reps: usize) -> Option<(f64, bool)> {
+    let mut w: Vec<*mut llama_cpp_sys_2::ggml_tensor> = weights.iter().map(|t| t.raw()).collect();
+    let mut used = 0;
+    // SAFETY: a live backend and allocated tensors (weights are allocated at load), `w.len()` of
+    // them; the C side builds, allocates and frees its own scratch graph around them.
+    let s = unsafe { raw::hrm_time_decode_matmuls(backend.raw(), w.as_mut_ptr(), w.len() as i32, n_cols as i32, i32::from(extension), reps as i32, &mut used) };
+    (s >= 0.0).then_some((s, used != 0))
+}
+
+/// The decode attention `time_decode_attention` times: `n_stream` streams, one query each, over
+/// `n_kv` cells of `kv_type`.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub kv_type: GgmlType,
+    pub head_dim: usize,
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub n_stream: usize,
+}
+
+/// Median seconds of one decode attention of shape `a` on `backend`, by the extension's kernel
+/// or ggml's flash attention; None when the extension has no kernel for the cache type or the
+/// op could not run.
+pub fn time_decode_attention(backend: &Backend, a: AttentionShape, extension: bool, reps: usize) -> Option<f64> {
+    // SAFETY: a live backend; the C side makes, allocates and frees every tensor it times.
+    let s = unsafe { raw::hrm_time_decode_attention(backend.raw(), a.kv_type.0, a.head_dim as i32, a.n_head as i32, a.n_kv as i32, a.n_stream as i32, i32::from(extension), reps as i32) };
+    (s >= 0.0).then_some(s)
 }

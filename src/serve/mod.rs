@@ -934,14 +934,15 @@ fn start_replicas(o: &ServeOptions, n_ctx: usize, tok: &Arc<Tokenizer>) -> Resul
             eopts.gpu_index = *d;
         }
         let model_path = o.model.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<usize, String>>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(usize, String, String), String>>();
         let stats2 = stats.clone();
         let tok2 = tok.clone();
         let t = std::thread::Builder::new()
             .name(format!("frigg-engine-{i}"))
             .spawn(move || match Engine::load(&model_path, &eopts) {
                 Ok(engine) => {
-                    let _ = ready_tx.send(Ok(engine.compute_bytes()));
+                    let kernels = engine.kernels().map_or("GPU: ggml's ops".to_string(), |k| k.to_string());
+                    let _ = ready_tx.send(Ok((engine.compute_bytes(), engine.model.placement(), kernels)));
                     scheduler::run(engine, tok2, jobs_rx, stats2);
                 }
                 Err(e) => {
@@ -955,8 +956,10 @@ fn start_replicas(o: &ServeOptions, n_ctx: usize, tok: &Arc<Tokenizer>) -> Resul
         ready.push(ready_rx);
     }
     for (i, r) in ready.iter().enumerate() {
-        let compute_bytes = r.recv().map_err(|e| e.to_string())?.map_err(|e| format!("replica {i}: {e}"))?;
+        let (compute_bytes, placement, kernels) = r.recv().map_err(|e| e.to_string())?.map_err(|e| format!("replica {i}: {e}"))?;
         eprintln!("frigg serve: replica {i} loaded; compute buffers reserved for a full-context prompt: {:.1} MiB", compute_bytes as f64 / (1u64 << 20) as f64);
+        eprintln!("frigg serve: replica {i} weights: {placement}");
+        eprintln!("frigg serve: replica {i} {kernels}");
     }
 
     Ok(Replicas { stats: replicas, jobs: senders, threads })

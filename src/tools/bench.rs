@@ -2,7 +2,7 @@
 //! llama.cpp's own `hrm_text` (libllama, same ggml, same file, same threads) alternately in one
 //! process and reports the per-pair ratios with the machine and its load beside them.
 
-use crate::engine::{Engine, EngineOptions, Rows, StreamId, TokenId};
+use crate::engine::{Engine, EngineOptions, KernelPlan, Rows, StreamId, TokenId};
 use crate::ggml::llama::LlamaPeer;
 use crate::engine::KvType;
 use crate::generate::sampler::argmax;
@@ -294,8 +294,8 @@ pub struct MatrixOptions {
     pub vs_llama: bool,
     /// Run both engines on the first GPU backend compiled in.
     pub gpu: bool,
-    /// The CPU levers to switch back (`flash_decode`, `ggml_decode_matmul`); the rest of these
-    /// options is taken from the cell.
+    /// The decode kernels to force (`decode_matmul`, `decode_attention`; measured by default);
+    /// the rest of these options is taken from the cell.
     pub levers: EngineOptions,
 }
 
@@ -325,6 +325,9 @@ fn null_as_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> 
 pub struct MatrixCell {
     pub model: String,
     pub kernels: String,
+    /// Where the weights sat: buffer type, size, tensors by type (`Model::placement`).
+    #[serde(default)]
+    pub weights: String,
     pub batch: usize,
     pub context: usize,
     pub kv_type: String,
@@ -399,18 +402,16 @@ impl MatrixCell {
     }
 }
 
-/// What a matrix row's decode ran on: the device, ggml's kernel set, and any decode kernel of
-/// the extension switched back to ggml's (bench-ab.sh measures those switches).
-fn kernels_label(o: &EngineOptions) -> String {
+/// What a matrix row's decode ran on: the device, ggml's kernel set, and which of the decode
+/// kernels the engine chose (the extension's or ggml's, `engine::kernels`).
+fn kernels_label(o: &EngineOptions, plan: Option<&KernelPlan>) -> String {
     if o.gpu {
         return "GPU".into();
     }
     let mut parts = vec![if o.batch_invariant { "batch-invariant" } else { "batched GEMM" }];
-    if o.flash_decode {
-        parts.push("flash attention");
-    }
-    if o.ggml_decode_matmul {
-        parts.push("ggml matmul");
+    if let Some(p) = plan {
+        parts.push(if p.matmul.extension { "frigg matmul" } else { "ggml matmul" });
+        parts.push(if p.attention.extension { "frigg attention" } else { "flash attention" });
     }
     parts.join(", ")
 }
@@ -522,7 +523,8 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         });
                         let cell = MatrixCell {
                             model: m.display().to_string(),
-                            kernels: kernels_label(&eopts),
+                            kernels: kernels_label(&eopts, e.kernels()),
+                            weights: e.model.placement(),
                             batch: b,
                             context: ctx,
                             kv_type: kv.to_string(),
@@ -561,6 +563,7 @@ mod tests {
         let cell = MatrixCell {
             model: "m.gguf".into(),
             kernels: "batched GEMM".into(),
+            weights: "CPU 1.00 GiB (112 q8_0)".into(),
             batch: 1,
             context: 512,
             kv_type: "f16".into(),

@@ -1,0 +1,242 @@
+//! Which decode kernels a CPU engine runs: the extension's (`ggml-ext/hrm_matmul.c`,
+//! `hrm_attn.c`) or ggml's own. Each is timed against the other at load, on the running
+//! machine, the loaded weights and the engine's own decode backend and batch sizes; the
+//! extension is kept only where it wins by more than `MARGIN`, else ggml's op runs (it may have
+//! AVX-512, VNNI or AMX code the extension lacks). Timings are cached per machine, ggml build,
+//! frigg build and engine shape, so a restarted engine makes the same choice.
+//!
+//! Invariant: a choice holds for the engine's whole life and every batch size, so a sequence's
+//! logits never depend on how many others share its step.
+
+use crate::ggml::compute::Backend;
+use crate::ggml::{ext, GgmlType};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// How an engine picks one decode kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelChoice {
+    /// Time both at load; keep the extension's only where it is faster (the default).
+    #[default]
+    Measure,
+    /// The extension's kernel wherever it has one.
+    Extension,
+    /// ggml's op.
+    Ggml,
+}
+
+impl KernelChoice {
+    /// From `FRIGG_DECODE_ATTENTION` / `FRIGG_DECODE_MATMUL`: `ext`, `measure`, or ggml's
+    /// (`flash` for attention, `ggml` for matmul).
+    pub fn from_env(var: &str, ggml_name: &str) -> Option<KernelChoice> {
+        match std::env::var(var).ok()?.as_str() {
+            "ext" => Some(KernelChoice::Extension),
+            "measure" => Some(KernelChoice::Measure),
+            v if v == ggml_name => Some(KernelChoice::Ggml),
+            _ => None,
+        }
+    }
+}
+
+/// The extension must beat ggml's op by this fraction of ggml's time to be chosen: a tie, or a
+/// win inside the noise between two timings, goes to ggml.
+pub const MARGIN: f64 = 0.03;
+
+/// The decision rule: `ext` and `ggml` are the summed median seconds of the same ops; `ext`
+/// None when the extension has no kernel for them.
+pub fn prefer_extension(ext: Option<f64>, ggml: Option<f64>) -> bool {
+    match (ext, ggml) {
+        (Some(e), Some(g)) => e < g * (1.0 - MARGIN),
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// One op's choice and the reason, for the start-up log.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub extension: bool,
+    pub why: String,
+}
+
+/// The engine's decode kernels.
+#[derive(Debug, Clone)]
+pub struct KernelPlan {
+    pub matmul: Decision,
+    pub attention: Decision,
+    /// Seconds spent timing at load (0 when forced or cached).
+    pub timing_s: f64,
+}
+
+impl std::fmt::Display for KernelPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = |d: &Decision, ext: &str, ggml: &str| if d.extension { ext.to_string() } else { ggml.to_string() };
+        write!(
+            f,
+            "decode matmul: {} ({}); decode attention: {} ({})",
+            name(&self.matmul, "frigg's", "ggml's"),
+            self.matmul.why,
+            name(&self.attention, "frigg's", "ggml's flash attention"),
+            self.attention.why
+        )?;
+        if self.timing_s > 0.0 {
+            write!(f, "; timed in {:.2} s", self.timing_s)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the planner times with.
+pub struct PlanInput<'a> {
+    pub backend: &'a Backend,
+    /// Matmul weights of whole layers (every shape and type a decode step multiplies by),
+    /// more bytes of them than a CPU caches.
+    pub weights: Vec<&'a crate::ggml::compute::Tensor>,
+    pub kv_type: GgmlType,
+    pub head_dim: usize,
+    pub n_head: usize,
+    pub n_ctx: usize,
+    pub n_stream: usize,
+    /// Names the engine's shape and build in the cache key.
+    pub key: String,
+}
+
+const REPS: usize = 3;
+
+/// Chooses both kernels: forced ones as given, measured ones by timing (or the cache).
+pub fn plan(input: &PlanInput, matmul: KernelChoice, attention: KernelChoice) -> KernelPlan {
+    let t0 = std::time::Instant::now();
+    let batches: Vec<usize> = if input.n_stream > 1 { vec![1, input.n_stream] } else { vec![1] };
+    let mut cache = Cache::load();
+    let matmul = decide(matmul, || {
+        let key = format!("matmul|{}|{}", input.key, batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","));
+        cache.get_or_time(&key, |extension| {
+            // the extension's arm runs ggml's op where the extension has no kernel (one column
+            // of Q8_0); it counts only if the extension ran somewhere
+            let (mut total, mut used) = (0.0, false);
+            for &n in &batches {
+                let (s, u) = ext::time_decode_matmuls(input.backend, &input.weights, n, extension, REPS)?;
+                total += s;
+                used |= u;
+            }
+            (used || !extension).then_some(total)
+        })
+    });
+    let n_kv = input.n_ctx.div_ceil(256).clamp(1, 4) * 256;
+    let attention = decide(attention, || {
+        let key = format!("attention|{}|{}|{n_kv}", input.key, batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","));
+        cache.get_or_time(&key, |extension| {
+            let mut total = 0.0;
+            for &s in &batches {
+                let shape = ext::AttentionShape { kv_type: input.kv_type, head_dim: input.head_dim, n_head: input.n_head, n_kv, n_stream: s };
+                total += ext::time_decode_attention(input.backend, shape, extension, REPS)?;
+            }
+            Some(total)
+        })
+    });
+    let timing_s = if cache.dirty { t0.elapsed().as_secs_f64() } else { 0.0 };
+    cache.save();
+    KernelPlan { matmul, attention, timing_s }
+}
+
+fn decide(choice: KernelChoice, time: impl FnOnce() -> Timed) -> Decision {
+    match choice {
+        KernelChoice::Extension => Decision { extension: true, why: "forced".into() },
+        KernelChoice::Ggml => Decision { extension: false, why: "forced".into() },
+        KernelChoice::Measure => {
+            let t = time();
+            let extension = prefer_extension(t.ext, t.ggml);
+            let ms = |s: Option<f64>| s.map_or("n/a".to_string(), |s| format!("{:.2} ms", s * 1e3));
+            let why = match t.ext {
+                None => "the extension has no kernel for it here".to_string(),
+                Some(_) => format!("measured{}: frigg's {} vs ggml's {}", if t.cached { " (cached)" } else { "" }, ms(t.ext), ms(t.ggml)),
+            };
+            Decision { extension, why }
+        }
+    }
+}
+
+struct Timed {
+    ext: Option<f64>,
+    ggml: Option<f64>,
+    cached: bool,
+}
+
+/// Timings by key, in `$FRIGG_CACHE_DIR` (else `$XDG_CACHE_HOME/frigg`, else `~/.cache/frigg`)
+/// `/kernels.json`. A cache that cannot be read or written is only a cost: the ops are timed.
+struct Cache {
+    path: Option<PathBuf>,
+    entries: BTreeMap<String, [Option<f64>; 2]>,
+    dirty: bool,
+}
+
+impl Cache {
+    fn load() -> Cache {
+        let dir = std::env::var_os("FRIGG_CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("frigg")))
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/frigg")));
+        let path = dir.map(|d| d.join("kernels.json"));
+        let entries = path.as_ref().and_then(|p| std::fs::read(p).ok()).and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        Cache { path, entries, dirty: false }
+    }
+
+    fn get_or_time(&mut self, key: &str, time: impl Fn(bool) -> Option<f64>) -> Timed {
+        if let Some([ext, ggml]) = self.entries.get(key) {
+            return Timed { ext: *ext, ggml: *ggml, cached: true };
+        }
+        let (ext, ggml) = (time(true), time(false));
+        self.entries.insert(key.to_string(), [ext, ggml]);
+        self.dirty = true;
+        Timed { ext, ggml, cached: false }
+    }
+
+    fn save(&self) {
+        let Some(path) = self.path.as_ref().filter(|_| self.dirty) else { return };
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(path.parent().expect("a file in a directory"))?;
+            // one temporary file per writer (engines may load on several threads at once)
+            static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = path.with_extension(format!("json.{}.{n}", std::process::id()));
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&self.entries).map_err(std::io::Error::other)?)?;
+            std::fs::rename(&tmp, path)
+        };
+        if let Err(e) = write() {
+            tracing::debug!("kernel timings not cached in {}: {e}", path.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_extension_is_chosen_only_when_clearly_faster() {
+        // a clear win
+        assert!(prefer_extension(Some(0.50), Some(1.00)));
+        // inside the margin, or slower: ggml's op
+        assert!(!prefer_extension(Some(0.98), Some(1.00)));
+        assert!(!prefer_extension(Some(1.00), Some(1.00)));
+        assert!(!prefer_extension(Some(1.20), Some(1.00)));
+        // just past the margin
+        assert!(prefer_extension(Some(0.969), Some(1.00)));
+        // no extension kernel: ggml's; no ggml timing (it failed): the extension's
+        assert!(!prefer_extension(None, Some(1.00)));
+        assert!(!prefer_extension(None, None));
+        assert!(prefer_extension(Some(1.0), None));
+    }
+
+    #[test]
+    fn forced_choices_are_not_timed() {
+        let d = decide(KernelChoice::Ggml, || panic!("timed a forced choice"));
+        assert!(!d.extension && d.why == "forced");
+        let d = decide(KernelChoice::Extension, || panic!("timed a forced choice"));
+        assert!(d.extension);
+        let d = decide(KernelChoice::Measure, || Timed { ext: Some(1.0), ggml: Some(2.0), cached: false });
+        assert!(d.extension && d.why.contains("1000.00 ms vs ggml's 2000.00 ms"), "{}", d.why);
+        let d = decide(KernelChoice::Measure, || Timed { ext: None, ggml: Some(2.0), cached: false });
+        assert!(!d.extension && d.why.contains("no kernel"));
+    }
+}
