@@ -37,7 +37,7 @@ if ! podman run --rm "$base" true >/dev/null 2>&1; then
     runtime_note="runc, cgroupfs, host rlimits (crun refused this machine's cgroup hierarchy and rlimits)"
 fi
 t1=$(date +%s)
-podman build --build-arg BASE="$base" -t "$tag" -f Containerfile .
+podman build --format docker --build-arg BASE="$base" -t "$tag" -f Containerfile .
 t2=$(date +%s)
 # The image answers: the demo model, a chat request, through the published port.
 port=18089
