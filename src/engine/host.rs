@@ -10,18 +10,37 @@ pub struct Machine {
     pub cores: usize,
     pub mem_gib: f64,
     pub cpu_flags: Vec<String>,
+    /// The CPU features ggml reports for this build on this machine (`Backend::cpu_features`):
+    /// which of its kernels can run, and its extra buffer types (REPACK, AMX_INT8, …).
+    #[serde(default)]
+    pub ggml_cpu: Vec<String>,
+}
+
+impl Machine {
+    /// "CPU · cores · memory · flags … · ggml CPU …", the line under every benchmark table.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} · {} cores · {:.1} GiB · flags {} · ggml CPU features {}",
+            self.cpu,
+            self.cores,
+            self.mem_gib,
+            self.cpu_flags.join(" "),
+            if self.ggml_cpu.is_empty() { "not recorded".to_string() } else { self.ggml_cpu.join(" ") }
+        )
+    }
 }
 
 pub fn machine() -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |name: &str| cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string());
     let flags = field("flags").unwrap_or_default();
-    let wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "f16c", "fma"];
+    let wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16", "f16c", "fma", "asimd", "sve"];
     Machine {
         cpu: field("model name").unwrap_or_else(|| "unknown".into()),
         cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         mem_gib: meminfo_bytes("MemTotal").unwrap_or(0) as f64 / (1u64 << 30) as f64,
         cpu_flags: flags.split_whitespace().filter(|f| wanted.contains(f)).map(str::to_string).collect(),
+        ggml_cpu: crate::ggml::compute::Backend::cpu_features(),
     }
 }
 

@@ -357,9 +357,9 @@ pub struct MatrixCell {
 impl MatrixCell {
     pub fn markdown_header(vs_llama: bool) -> &'static str {
         if vs_llama {
-            "| file | decode kernels | threads | KV | in 2 MiB pages | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range) | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "| file | frigg's weights in | decode kernels | threads | KV | in 2 MiB pages | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range) | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         } else {
-            "| file | decode kernels | threads | KV | in 2 MiB pages | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range) | load before → after |\n|---|---|---|---|---|---|---|---|---|---|"
+            "| file | weights in | decode kernels | threads | KV | in 2 MiB pages | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range) | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|"
         }
     }
 
@@ -375,7 +375,8 @@ impl MatrixCell {
         };
         let prefill = |median: f64, v: &[f64]| if self.prefill_tokens > 0 { format!("{median:.1} ({})", range(v)) } else { "–".into() };
         let head = format!(
-            "| {file} | {} | {} | {} | {} | {} | {} | **{:.2}** ({}) |",
+            "| {file} | {} | {} | {} | {} | {} | {} | {} | **{:.2}** ({}) |",
+            if self.weights.is_empty() { "–" } else { &self.weights },
             self.kernels,
             self.threads,
             self.kv_type,
