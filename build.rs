@@ -6,12 +6,15 @@ use std::path::PathBuf;
 
 fn main() {
     // The commit frigg was built from, for `frigg --version` and every benchmark table.
+    // Without a .git (a container build's context), FRIGG_GIT_COMMIT names it.
+    println!("cargo:rerun-if-env-changed=FRIGG_GIT_COMMIT");
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .or_else(|| std::env::var("FRIGG_GIT_COMMIT").ok().filter(|c| !c.is_empty()))
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=FRIGG_GIT_COMMIT={commit}");
     println!("cargo:rerun-if-changed=.git/HEAD");

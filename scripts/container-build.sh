@@ -37,7 +37,16 @@ if ! podman run --rm "$base" true >/dev/null 2>&1; then
     runtime_note="runc, cgroupfs, host rlimits (crun refused this machine's cgroup hierarchy and rlimits)"
 fi
 t1=$(date +%s)
-podman build --format docker --build-arg BASE="$base" -t "$tag" -f Containerfile .
+# A host whose own trust store holds CAs beyond Debian's (a TLS-intercepting egress proxy) lends
+# its bundle to the build steps that download (rustup, cargo); nothing of it stays in the image.
+ca_args=()
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    ca=/run/frigg-build-ca.pem
+    ca_args=(-v "/etc/ssl/certs/ca-certificates.crt:$ca:ro" --build-arg "SSL_CERT_FILE=$ca" --build-arg "CURL_CA_BUNDLE=$ca"
+             --build-arg "CARGO_HTTP_CAINFO=$ca" --build-arg RUSTUP_USE_CURL=1)
+fi
+podman build --format docker --build-arg BASE="$base" --build-arg "FRIGG_GIT_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)" \
+    "${ca_args[@]}" -t "$tag" -f Containerfile .
 t2=$(date +%s)
 # The image answers: the demo model, a chat request, through the published port.
 port=18089
