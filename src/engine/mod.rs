@@ -256,6 +256,7 @@ impl Engine {
         // The extension's decode kernels are CPU custom ops: on a GPU they would pull every
         // layer back to the CPU, so GPU engines keep ggml's ops.
         let kernels = (!opts.gpu).then(|| {
+            let machine = host::machine();
             let input = kernels::PlanInput {
                 backend: &backends[n - 1],
                 // past any CPU's last-level cache, as a decode step streams them
@@ -267,8 +268,8 @@ impl Engine {
                 n_stream: opts.n_stream.max(1),
                 key: format!(
                     "{} | {} | {} | {} | threads {} | streams {} | invariant {} | kv {}",
-                    host::machine().cpu,
-                    Backend::cpu_features().join(" "),
+                    machine.cpu,
+                    machine.ggml_cpu.join(" "),
                     crate::long_version(),
                     model.placement(),
                     opts.threads,

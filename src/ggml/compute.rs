@@ -144,24 +144,30 @@ impl Backend {
         BufferType(unsafe { sys::ggml_backend_get_default_buffer_type(self.ptr.as_ptr()) })
     }
 
+    /// The CPU device, its registry, and the registry's function `name` (NULL when absent).
+    fn cpu_proc(name: &str) -> Option<(sys::ggml_backend_dev_t, sys::ggml_backend_reg_t, *mut std::ffi::c_void)> {
+        let name = CString::new(name).expect("proc names have no NUL");
+        // SAFETY: registry lookups on ggml's static registry.
+        unsafe {
+            let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
+            if dev.is_null() {
+                return None;
+            }
+            let reg = sys::ggml_backend_dev_backend_reg(dev);
+            let f = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
+            (!f.is_null()).then_some((dev, reg, f))
+        }
+    }
+
     /// The CPU device's extra buffer types (weight layouts for its faster kernels: AMX tiles,
     /// KleidiAI, ggml's repacked blocks), those this build and CPU offer, in ggml's order of
     /// preference.
     pub fn cpu_extra_buffer_types() -> Vec<BufferType> {
         let mut out = vec![];
-        // SAFETY: registry lookups; the proc address, when present, has the documented signature
-        // and returns a NULL-terminated array of static buffer types.
+        let Some((dev, _, f)) = Self::cpu_proc("ggml_backend_dev_get_extra_bufts") else { return out };
+        // SAFETY: the proc address has the documented signature and returns a NULL-terminated
+        // array of static buffer types.
         unsafe {
-            let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
-            if dev.is_null() {
-                return out;
-            }
-            let reg = sys::ggml_backend_dev_backend_reg(dev);
-            let name = CString::new("ggml_backend_dev_get_extra_bufts").expect("static");
-            let f = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
-            if f.is_null() {
-                return out;
-            }
             let f: sys::ggml_backend_dev_get_extra_bufts_t = std::mem::transmute(f);
             let Some(f) = f else { return out };
             let mut p = f(dev);
@@ -177,19 +183,10 @@ impl Backend {
     /// "AMX_INT8", "REPACK", "OPENMP", …), as `name` or `name=value`.
     pub fn cpu_features() -> Vec<String> {
         let mut out = vec![];
-        // SAFETY: registry lookups; the proc address, when present, has the documented signature
-        // and returns an array of static name/value strings ended by a NULL name.
+        let Some((_, reg, f)) = Self::cpu_proc("ggml_backend_get_features") else { return out };
+        // SAFETY: the proc address has the documented signature and returns an array of static
+        // name/value strings ended by a NULL name.
         unsafe {
-            let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
-            if dev.is_null() {
-                return out;
-            }
-            let reg = sys::ggml_backend_dev_backend_reg(dev);
-            let name = CString::new("ggml_backend_get_features").expect("static");
-            let f = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
-            if f.is_null() {
-                return out;
-            }
             let f: sys::ggml_backend_get_features_t = std::mem::transmute(f);
             let Some(f) = f else { return out };
             let mut p = f(reg);
