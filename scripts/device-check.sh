@@ -6,7 +6,7 @@
 #   run(command="bash scripts/device-check.sh", carry=[".device"], timeout_s=540)
 # It uses the machine's own cuBLAS 13 and python3 (numpy) for the random Mimir checkpoint.
 # Leaves in $OUT: env.json, log.txt, parity-gpu.json, parity-cpu.json, bench-gpu.json,
-# bench-gpu-vs.json, load-gpu-1.json and load-gpu-4.json (with the servers' logs); copy the JSON
+# bench-gpu-vs.json, reuse-gpu.json (graph reuse per batch size), load-gpu-1.json and load-gpu-4.json (with the servers' logs); copy the JSON
 # to docs/bench/ and render it with `frigg bench render --matrix … --key gpu` and
 # `frigg bench render --load load-gpu-1.json load-gpu-4.json --key load-gpu`.
 # NOT YET RUN on a GPU (no task of this project had one when it was written); expect to fix it
@@ -103,6 +103,26 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$mimir" ]; then
     && step bench-gpu-vs 150 "$bin" bench matrix "$mimir" --device gpu --vs llama.cpp \
         --batches 1,8 --contexts 512 --kernels batched --steps 32 --reps 3 --prefill 512 \
         --threads "$threads" --json "$OUT/bench-gpu-vs.json"
+fi
+
+# 5b. Graph reuse at every batch size: a few decode steps per batch after one warm-up step; each
+#    cell's graphs_timed must show no rebuild, no allocation, no node change (frigg's counters)
+#    and no CUDA graph reset, with CUDA graphs replayed (ggml-cuda's own log lines, counted).
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$mimir" ]; then
+    step reuse-gpu 90 "$bin" bench matrix "$mimir" --device gpu --batches 1,2,3,4,8,16,32,64 --contexts 512 \
+        --kernels batched --steps 8 --reps 1 --prefill 0 --threads "$threads" --json "$OUT/reuse-gpu.json" \
+    && python3 - "$OUT/reuse-gpu.json" <<'PY'
+import json, sys
+bad = 0
+for c in json.load(open(sys.argv[1])):
+    g = c.get("graphs_timed") or {}
+    cuda = g.get("cuda", {})
+    ok = g.get("decode_builds") == 0 and g.get("allocations") == 0 and g.get("decode_changes") == 0 and cuda.get("resets") == 0 and cuda.get("reuses", 0) > 0
+    bad += not ok
+    print(f"reuse batch {c['batch']:3}: {'captured, replayed' if ok else 'NOT REUSED'} {g}")
+print("reuse: every batch size replays its CUDA graph" if bad == 0 else f"reuse: {bad} batch size(s) rebuilt or re-captured")
+sys.exit(1 if bad else 0)
+PY
 fi
 
 # 6. Serving on the GPU through `--devices 0` (one CUDA replica behind the HTTP front): the

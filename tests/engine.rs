@@ -22,9 +22,13 @@ fn engine(ty: OutType, kv: KvType, n_stream: usize) -> (tempfile::TempDir, Engin
 }
 
 fn engine_with(ty: OutType, kv: KvType, n_stream: usize, decode_matmul: KernelChoice, decode_attention: KernelChoice) -> (tempfile::TempDir, Engine) {
+    engine_on(&ckpt("tiny-packed"), ty, kv, n_stream, decode_matmul, decode_attention)
+}
+
+fn engine_on(checkpoint: &std::path::Path, ty: OutType, kv: KvType, n_stream: usize, decode_matmul: KernelChoice, decode_attention: KernelChoice) -> (tempfile::TempDir, Engine) {
     let dir = tempfile::tempdir().unwrap();
     let gguf = dir.path().join("m.gguf");
-    convert_to(&ckpt("tiny-packed"), &gguf, ty);
+    convert_to(checkpoint, &gguf, ty);
     let e = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 256, n_stream, kv_type: kv, decode_matmul, decode_attention, ..Default::default() }).unwrap();
     (dir, e)
 }
@@ -58,9 +62,21 @@ fn alone(e: &mut Engine, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<u32
 /// has them), a sequence's logits are the same alone or batched.
 #[test]
 fn batched_decode_equals_single_stream_bit_for_bit() {
-    let cases = [(OutType::F32, KvType::F32), (OutType::Q8_0, KvType::F16), (OutType::Bf16, KvType::Bf16), (OutType::Q4_0, KvType::Q8_0), (OutType::Q4K, KvType::F16)];
-    for ((ty, kv), (ext_matmul, ext_attention)) in cases.into_iter().flat_map(|c| [(true, true), (false, false), (true, false), (false, true)].map(|k| (c, k))) {
-        let (_d, mut e) = engine_with(ty, kv, 8, forced(ext_matmul), forced(ext_attention));
+    // A Q8_0 cache needs heads of whole 32-value blocks: the tiny fixture's are 16 wide, the
+    // 256-wide checkpoint's 128 (where Q4_K also applies, rows being multiples of 256).
+    let wide = tempfile::tempdir().unwrap();
+    wide_checkpoint(wide.path());
+    let tiny = ckpt("tiny-packed");
+    let cases = [
+        (&tiny, OutType::F32, KvType::F32),
+        (&tiny, OutType::Q8_0, KvType::F16),
+        (&tiny, OutType::Bf16, KvType::Bf16),
+        (&tiny, OutType::Q4_0, KvType::F16),
+        (&wide.path().to_path_buf(), OutType::Q4_0, KvType::Q8_0),
+        (&wide.path().to_path_buf(), OutType::Q4K, KvType::F16),
+    ];
+    for ((checkpoint, ty, kv), (ext_matmul, ext_attention)) in cases.into_iter().flat_map(|c| [(true, true), (false, false), (true, false), (false, true)].map(|k| (c, k))) {
+        let (_d, mut e) = engine_on(checkpoint, ty, kv, 8, forced(ext_matmul), forced(ext_attention));
         eprintln!("{ty:?}/{kv:?}: {} · {}", e.model.placement(), e.kernels().unwrap());
         let prompts: Vec<Vec<u32>> = prompts().into_iter().take(8).collect();
         let steps = 10;
@@ -306,7 +322,8 @@ fn extra_buffer_placement_keeps_the_logits() {
     for ty in [OutType::Q4_0, OutType::Q4K, OutType::Q8_0] {
         let gguf = dir.path().join(format!("{ty:?}.gguf"));
         convert_to(&ckpt("tiny-packed"), &gguf, ty);
-        let opts = |extra_buffers: bool| EngineOptions { kv_type: KvType::F32, extra_buffers, decode_matmul: KernelChoice::Ggml, decode_attention: KernelChoice::Ggml, ..Default::default() };
+        // batched kernels: a batch-invariant engine with several streams keeps plain memory
+        let opts = |extra_buffers: bool| EngineOptions { kv_type: KvType::F32, extra_buffers, batch_invariant: false, decode_matmul: KernelChoice::Ggml, decode_attention: KernelChoice::Ggml, ..Default::default() };
         let plain = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 4, ..opts(false) }).unwrap();
         let placed = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 4, ..opts(true) }).unwrap();
         eprintln!("{ty:?}: plain: {} · placed: {}", plain.model.placement(), placed.model.placement());
@@ -315,4 +332,71 @@ fn extra_buffer_placement_keeps_the_logits() {
         eprintln!("{ty:?}: max |Δlogit| placed vs plain {d:.2e}");
         assert!(d <= 5e-2, "{ty:?}: weights in extra buffers change the logits by {d:e}");
     }
+}
+
+/// Once warm, decode at one (streams, padded length) runs the same graph at the same addresses
+/// — nothing ggml-cuda would capture again — even with prefills of other streams in between
+/// (they have their own scheduler), and no forward grows a compute buffer past what load
+/// reserved. Runs on the GPU too (`FRIGG_TEST_DEVICE=gpu`).
+#[test]
+fn decode_graphs_are_reused_once_warm() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    let opts = EngineOptions { threads: 1, n_ctx: 256, n_stream: 3, kv_type: KvType::F16, gpu: on_gpu(), ..Default::default() };
+    let mut e = Engine::load(&gguf, &opts).unwrap();
+    let p = prompts();
+    let ones = |p: &[u32]| vec![1; p.len()];
+    let mut next = [0u32; 2];
+    for s in 0..2 {
+        let l = e.prefill(StreamId(s), TokenId::slice(&p[s]), Some(&ones(&p[s])), Rows::Last).unwrap();
+        next[s] = argmax(&l[0]);
+    }
+    let step = |e: &mut Engine, next: &mut [u32; 2]| {
+        let rows = e.decode(&[(StreamId(0), TokenId(next[0])), (StreamId(1), TokenId(next[1]))]).unwrap();
+        for (n, r) in next.iter_mut().zip(&rows) {
+            *n = argmax(r);
+        }
+    };
+    step(&mut e, &mut next);
+    let warm = e.graph_stats();
+    assert_eq!((warm.decode_builds, warm.buffer_growths), (1, 0), "{warm:?}");
+    // Every stream stays below 256 positions: one padded length throughout.
+    assert!(p[0].len().max(p[1].len()) + 101 < 256);
+    for i in 0..100 {
+        step(&mut e, &mut next);
+        if i % 25 == 0 {
+            // a prefill of the third stream between decode steps, as the server admits requests
+            e.prefill(StreamId(2), TokenId::slice(&p[2]), Some(&ones(&p[2])), Rows::Last).unwrap();
+            e.release(StreamId(2));
+        }
+    }
+    let after = e.graph_stats();
+    assert_eq!(after.decode_builds, warm.decode_builds, "{after:?}");
+    assert_eq!(after.decode_reuses, warm.decode_reuses + 100, "{after:?}");
+    assert_eq!(after.decode_changes, 0, "{after:?}");
+    assert_eq!(after.prefill_builds, warm.prefill_builds + 4, "{after:?}");
+    // Only the four prefills allocated (on their own scheduler); nothing grew.
+    assert_eq!(after.allocations, warm.allocations + 4, "{after:?}");
+    assert_eq!(after.buffer_growths, 0, "{after:?}");
+    // A step with a third stream is another shape: one build, then reuse again.
+    let l = e.prefill(StreamId(2), TokenId::slice(&p[2]), Some(&ones(&p[2])), Rows::Last).unwrap();
+    let third = argmax(&l[0]);
+    for _ in 0..3 {
+        e.decode(&[(StreamId(0), TokenId(next[0])), (StreamId(2), TokenId(third))]).unwrap();
+    }
+    let last = e.graph_stats();
+    assert_eq!((last.decode_builds, last.decode_reuses, last.decode_changes, last.buffer_growths), (after.decode_builds + 1, after.decode_reuses + 2, 0, 0), "{last:?}");
+}
+
+/// A Q8_0 cache holds 32-value blocks; attention reads it a head at a time, so heads narrower
+/// than a block (the tiny fixture's are 16 wide) are refused at load with the reason, instead of
+/// reading half blocks (or tripping ggml's view checks) later.
+#[test]
+fn a_cache_type_the_heads_cannot_hold_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::F32);
+    let err = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 64, kv_type: KvType::Q8_0, ..Default::default() }).unwrap_err().to_string();
+    assert!(err.contains("blocks of 32") && err.contains("16 wide"), "{err}");
 }

@@ -231,7 +231,8 @@ enum Command {
         #[command(flatten)]
         runner: RunnerArgs,
     },
-    /// Compare every tier (f32, bf16, q8_0, q4_0) against the committed transformers goldens.
+    /// Compare every tier (weights f32, bf16, q8_0, q4_0; KV caches f32, f16, q8_0) against the
+    /// committed transformers goldens; on a GPU, also against the CPU on the same file.
     Parity {
         /// Directory with ckpt/<fixture>/ and goldens/<fixture>.jsonl.
         #[arg(long, default_value = "tests/fixtures")]
@@ -245,9 +246,16 @@ enum Command {
         /// Regenerate the table between the parity markers of this markdown file (docs/parity.md).
         #[arg(long)]
         markdown: Option<PathBuf>,
+        /// The table's marker pair in --markdown: <!-- KEY:begin --> … <!-- KEY:end -->.
+        #[arg(long, default_value = "parity")]
+        key: String,
+        /// Only these tiers (names as in the table: f32, f32-kv-f16, …); default all.
+        #[arg(long, value_delimiter = ',')]
+        tiers: Vec<String>,
         #[arg(long, default_value_t = 1)]
         threads: usize,
-        /// The bounds are the CPU's.
+        /// gpu: ggml's first GPU device (a build with one; on a CPU-type Vulkan device such as
+        /// lavapipe, GGML_VK_VISIBLE_DEVICES=0 must name it).
         #[arg(long, value_enum, default_value = "cpu")]
         device: Device,
     },
@@ -783,7 +791,7 @@ pub fn main() -> ExitCode {
         Command::Logits { model, cases, out, full_logits, dump_dir, dump_filter, runner } => {
             exit(logits(&model, &cases, &out, full_logits, dump_dir.map(|d| (d, dump_filter)), &runner))
         }
-        Command::Parity { fixtures, eps, json, markdown, threads, device } => exit(parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), threads, device == Device::Gpu)),
+        Command::Parity { fixtures, eps, json, markdown, key, tiers, threads, device } => exit(parity(&fixtures, eps, json.as_deref(), markdown.as_deref(), &key, &tiers, threads, device == Device::Gpu)),
         Command::Bench(cmd) => exit(bench(cmd)),
         Command::Eval { models, task, data, arms, threads, max_tokens, limit, json, markdown, key } => exit(eval(models, task, data, arms, threads, max_tokens, limit, json, markdown, key)),
         Command::Serve { model, host, port, slots, queue, api_key, api_key_file, cors_origin, alias, max_body, devices, drain_delay, drain_timeout, metrics_auth, runner } => {
@@ -981,9 +989,16 @@ fn logits(model: &Path, cases: &Path, out: &Path, full: bool, dump: Option<(Path
     Ok(())
 }
 
-fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path>, threads: usize, gpu: bool) -> Result<(), String> {
+#[allow(clippy::too_many_arguments)]
+fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path>, key: &str, tier_names: &[String], threads: usize, gpu: bool) -> Result<(), String> {
+    let tiers: Vec<frigg::tools::parity::Tier> = if tier_names.is_empty() {
+        frigg::tools::parity::TIERS.to_vec()
+    } else {
+        tier_names.iter().map(|n| frigg::tools::parity::tier(n).ok_or_else(|| format!("--tiers: no tier {n:?} (known: {})", frigg::tools::parity::TIERS.map(|t| t.name).join(", ")))).collect::<Result<_, _>>()?
+    };
     let mut reports = vec![];
-    let mut md = String::from("| tier (weights / KV) | fixture | cases | max \\|Δlogit\\| | mean of per-case max | last-row argmax | greedy tokens | identical sequences | verify rows |\n|---|---|---|---|---|---|---|---|---|\n");
+    let vs_cpu_head = if gpu { (" max \\|Δ\\| vs CPU | greedy as CPU |", "---|---|") } else { ("", "") };
+    let mut md = format!("| tier (weights / KV) | fixture | cases | max \\|Δlogit\\| | mean of per-case max | last-row argmax | greedy tokens | identical sequences | verify rows |{}\n|---|---|---|---|---|---|---|---|---|{}\n", vs_cpu_head.0, vs_cpu_head.1);
     println!("{:6} {:20} {:>6} {:>12} {:>12} {:>9} {:>13} {:>9} {:>10}", "tier", "fixture", "cases", "max|Δlogit|", "mean max|Δ|", "argmax", "greedy tokens", "seqs", "verify");
     let mut names: Vec<String> = std::fs::read_dir(fixtures.join("goldens"))
         .map_err(|e| format!("{}: {e}", fixtures.join("goldens").display()))?
@@ -991,7 +1006,7 @@ fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".jsonl")).map(str::to_string))
         .collect();
     names.sort();
-    for tier in frigg::tools::parity::TIERS {
+    for &tier in &tiers {
         for name in &names {
             let ckpt = fixtures.join("ckpt").join(name);
             if !ckpt.is_dir() {
@@ -1003,8 +1018,12 @@ fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path
                 r.tier, r.fixture, r.cases, r.max_abs_diff, r.mean_max_abs_diff, r.argmax_agreed, r.argmax_judged,
                 r.greedy_matched, r.greedy_compared, r.sequences_identical, r.cases, r.verify_agreed, r.verify_judged
             );
+            let vs_cpu = match (r.max_abs_diff_vs_cpu, r.greedy_same_as_cpu) {
+                (Some(d), Some(g)) => format!(" {d:.2e} | {g}/{} |", r.cases),
+                _ => String::new(),
+            };
             md.push_str(&format!(
-                "| {} ({:?} / {:?}) | {} | {} | {:.2e} | {:.2e} | {}/{} | {}/{} | {}/{} | {}/{} |\n",
+                "| {} ({:?} / {:?}) | {} | {} | {:.2e} | {:.2e} | {}/{} | {}/{} | {}/{} | {}/{} |{vs_cpu}\n",
                 r.tier, tier.weights, tier.kv, r.fixture, r.cases, r.max_abs_diff, r.mean_max_abs_diff, r.argmax_agreed, r.argmax_judged,
                 r.greedy_matched, r.greedy_compared, r.sequences_identical, r.cases, r.verify_agreed, r.verify_judged
             ));
@@ -1013,13 +1032,19 @@ fn parity(fixtures: &Path, eps: f32, json: Option<&Path>, markdown: Option<&Path
     }
     if let Some(p) = markdown {
         let doc = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let (begin, end) = ("<!-- parity:begin -->", "<!-- parity:end -->");
-        let (Some(a), Some(b)) = (doc.find(begin), doc.find(end)) else {
+        let (begin, end) = (format!("<!-- {key}:begin -->"), format!("<!-- {key}:end -->"));
+        let (Some(a), Some(b)) = (doc.find(&begin), doc.find(&end)) else {
             return Err(format!("{}: no {begin} … {end} markers", p.display()));
         };
         let device = if gpu { " --device gpu" } else { "" };
-        let cmd = format!("frigg parity --threads {threads} --eps {eps}{device} --markdown {}", p.display());
-        let body = format!("{begin}\nGenerated by `{cmd}` (frigg {}, {} threads).\n\n{md}", frigg::long_version(), threads);
+        let key_arg = if key == "parity" { String::new() } else { format!(" --key {key}") };
+        let tiers_arg = if tier_names.is_empty() { String::new() } else { format!(" --tiers {}", tier_names.join(",")) };
+        let cmd = format!("frigg parity --threads {threads} --eps {eps}{device}{tiers_arg} --markdown {}{key_arg}", p.display());
+        let shaders = match (gpu, std::env::var("GGML_VK_DISABLE_F16").is_ok()) {
+            (false, _) => String::new(),
+            (true, f32_only) => format!("; GPU device: {}{}", frigg::ggml::compute::Backend::gpu_description(), if f32_only { ", GGML_VK_DISABLE_F16=1 (f32 shaders)" } else { "" }),
+        };
+        let body = format!("{begin}\nGenerated by `{cmd}` (frigg {}, {} threads{shaders}; {}).\n\n{md}", frigg::long_version(), threads, frigg::engine::host::machine().describe());
         std::fs::write(p, format!("{}{}{}", &doc[..a], body, &doc[b..])).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     if let Some(p) = json {

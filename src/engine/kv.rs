@@ -58,6 +58,11 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(hp: &HParams, n_ctx: usize, n_stream: usize, ty: KvType, backend: &Backend) -> Result<KvCache, LoadError> {
+        // Attention reads the cache one head at a time: a head's row must be whole blocks.
+        let block = ty.ggml().block_size();
+        if hp.head_dim as u64 % block != 0 {
+            return Err(LoadError::KvType { ty: ty.to_string(), block, head_dim: hp.head_dim });
+        }
         let n_vlayers = hp.n_virtual_layers() as usize;
         let mut arena = Arena::new(2 * n_vlayers)?;
         let width = hp.n_embd_attn() as i64;

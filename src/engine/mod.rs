@@ -88,6 +88,9 @@ pub struct EngineOptions {
     pub gpu_index: Option<usize>,
     /// On the CPU, put each weight in the first of ggml's extra buffer types (repacked
     /// layouts, AMX tiles, KleidiAI) whose kernels take it; off: every weight in plain memory.
+    /// A batch-invariant engine with several streams keeps plain memory whatever this says:
+    /// those types' kernels need not honour ggml's reference-kernel switch (the repacked Q4_K
+    /// GEMM rounds four columns differently from one: `tests/engine.rs`).
     pub extra_buffers: bool,
     /// With more than one stream: decode with ggml's reference kernels at every batch size, so
     /// a sequence's logits do not depend on what it is batched with (off: ggml's fastest
@@ -141,6 +144,46 @@ pub enum Rows {
     All,
 }
 
+/// How often the engine built and allocated graphs (`/metrics`, `bench matrix`). Once warm, a
+/// decode step at a (streams, padded length) it ran last rebuilds and reallocates nothing, so
+/// ggml-cuda can replay its captured graph; prefill allocates each forward inside the
+/// compute buffer load reserved for a full-context prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GraphStats {
+    pub prefill_builds: u64,
+    pub decode_builds: u64,
+    /// Graph allocations on either scheduler, and those that grew a compute buffer past what
+    /// load reserved.
+    pub allocations: u64,
+    pub buffer_growths: u64,
+    /// Decode steps that ran the previous step's graph as built and allocated.
+    pub decode_reuses: u64,
+    /// Of those, steps whose graph (nodes' headers and addresses) differed from its previous
+    /// run: what would make ggml-cuda capture again.
+    pub decode_changes: u64,
+    /// ggml-cuda's own account of its CUDA graphs (process-wide).
+    pub cuda: crate::ggml::CudaGraphLog,
+}
+
+impl GraphStats {
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &GraphStats) -> GraphStats {
+        GraphStats {
+            prefill_builds: self.prefill_builds - before.prefill_builds,
+            decode_builds: self.decode_builds - before.decode_builds,
+            allocations: self.allocations - before.allocations,
+            buffer_growths: self.buffer_growths - before.buffer_growths,
+            decode_reuses: self.decode_reuses - before.decode_reuses,
+            decode_changes: self.decode_changes - before.decode_changes,
+            cuda: crate::ggml::CudaGraphLog {
+                captures: self.cuda.captures - before.cuda.captures,
+                resets: self.cuda.resets - before.cuda.resets,
+                reuses: self.cuda.reuses - before.cuda.reuses,
+            },
+        }
+    }
+}
+
 /// Pad the attended cache length to this multiple, so a decode graph is rebuilt only when a
 /// sequence crosses a bucket (ggml-cuda's vector FA kernel also wants multiples of 256).
 const KV_PAD: usize = 256;
@@ -165,6 +208,9 @@ pub struct Engine {
     cpu_decode_matmul: bool,
     /// CPU engines: which decode kernels run, and why.
     kernels: Option<KernelPlan>,
+    graphs: GraphStats,
+    /// `Graph::signature` of the decode graph after its last run.
+    decode_signature: Option<u64>,
 }
 
 /// Intermediate-tensor dumps for parity diffs: every F32 node whose name contains `filter`
@@ -238,7 +284,8 @@ impl Engine {
         backends.push(cpu_first);
         backends.push(cpu_decode);
         let main = &backends[0];
-        let model = Model::load(path, main, opts.extra_buffers)?;
+        let invariant_batches = opts.batch_invariant && opts.n_stream > 1;
+        let model = Model::load(path, main, opts.extra_buffers && !invariant_batches)?;
         let hp = model.hp.clone();
         let n_ctx = if opts.n_ctx == 0 { hp.n_ctx_train as usize } else { opts.n_ctx };
         if n_ctx > hp.n_ctx_train as usize {
@@ -298,6 +345,8 @@ impl Engine {
             cpu_decode_attention,
             cpu_decode_matmul,
             kernels,
+            graphs: GraphStats::default(),
+            decode_signature: None,
         };
         engine.reserve_compute()?;
         Ok(engine)
@@ -358,6 +407,17 @@ impl Engine {
     /// Which decode kernels this engine runs, and why (CPU engines).
     pub fn kernels(&self) -> Option<&KernelPlan> {
         self.kernels.as_ref()
+    }
+
+    /// Graph builds, allocations and reuse so far (counts from load; the reservation at load
+    /// is not counted).
+    pub fn graph_stats(&self) -> GraphStats {
+        GraphStats {
+            allocations: self.sched_first.allocations + self.sched_decode.allocations,
+            buffer_growths: self.sched_first.growths + self.sched_decode.growths,
+            cuda: crate::ggml::cuda_graph_log(),
+            ..self.graphs
+        }
     }
 
     /// Cache cells holding a position of a live sequence, over all streams.
@@ -459,6 +519,7 @@ impl Engine {
         };
         let step = self.step(n as i32, 1, n as i32, out.len() as i32, true);
         let built = self.build(step)?;
+        self.graphs.prefill_builds += 1;
         let pos: Vec<i32> = (0..n as i32).collect();
         let base = (stream.0 * self.kv.cells_per_stream()) as i64;
         let kv_rows: Vec<i64> = (0..n as i64).map(|p| base + p).collect();
@@ -505,6 +566,8 @@ impl Engine {
                 self.sched_decode.forget(old.graph());
             }
             self.decode_graph = Some(self.build(step)?);
+            self.graphs.decode_builds += 1;
+            self.decode_signature = None;
         }
 
         // Row s is stream s. Streams not in the batch get a padding row that writes their
@@ -528,6 +591,12 @@ impl Engine {
         let built = self.decode_graph.take().expect("built above");
         let inputs = StepInputs { tokens: &toks, pos: &pos, kv_rows: &rows, mask: &mask, out_rows: &out };
         let logits = self.run(false, &built, &inputs, None);
+        let signature = built.graph().signature();
+        if reuse {
+            self.graphs.decode_reuses += 1;
+            self.graphs.decode_changes += u64::from(self.decode_signature != Some(signature));
+        }
+        self.decode_signature = Some(signature);
         self.decode_graph = Some(built);
         let mut logits = logits?;
         for &(StreamId(s), _) in batch {

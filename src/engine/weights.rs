@@ -22,6 +22,8 @@ pub enum LoadError {
     Compute(#[from] ComputeError),
     #[error("{path}: tensor {name} is missing")]
     MissingTensor { path: PathBuf, name: String },
+    #[error("a {ty} KV cache stores blocks of {block} values, and this model's heads are {head_dim} wide: choose --kv-type f16, bf16 or f32")]
+    KvType { ty: String, block: u64, head_dim: u32 },
 }
 
 /// The weights of an HRM-Text model in backend buffers, by role.

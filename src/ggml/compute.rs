@@ -67,28 +67,46 @@ impl Backend {
         Ok(Backend { ptr, is_cpu: true })
     }
 
-    /// The `index`-th GPU device (in ggml's device order).
-    pub fn gpu_at(index: usize) -> Result<Self, ComputeError> {
+    /// ggml's GPU devices, discrete and integrated, in its device order.
+    fn gpu_devices() -> Vec<sys::ggml_backend_dev_t> {
         // SAFETY: device handles come from ggml's registry and live for the process.
         unsafe {
-            let gpus: Vec<_> = (0..sys::ggml_backend_dev_count())
+            (0..sys::ggml_backend_dev_count())
                 .map(|i| sys::ggml_backend_dev_get(i))
-                .filter(|&d| !d.is_null() && sys::ggml_backend_dev_type(d) == sys::GGML_BACKEND_DEVICE_TYPE_GPU)
-                .collect();
-            let Some(&dev) = gpus.get(index) else {
-                return Err(ComputeError::BackendInit(format!("GPU {index} (this build sees {} GPU device(s))", gpus.len())));
-            };
-            let p = sys::ggml_backend_dev_init(dev, std::ptr::null());
-            let ptr = NonNull::new(p).ok_or_else(|| ComputeError::BackendInit(format!("GPU {index}")))?;
-            Ok(Backend { ptr, is_cpu: false })
+                .filter(|&d| !d.is_null() && matches!(sys::ggml_backend_dev_type(d), sys::GGML_BACKEND_DEVICE_TYPE_GPU | sys::GGML_BACKEND_DEVICE_TYPE_IGPU))
+                .collect()
         }
     }
 
-    pub fn gpu() -> Result<Self, ComputeError> {
-        // SAFETY: NULL params are allowed.
-        let p = unsafe { sys::ggml_backend_init_by_type(sys::GGML_BACKEND_DEVICE_TYPE_GPU, std::ptr::null()) };
-        let ptr = NonNull::new(p).ok_or_else(|| ComputeError::BackendInit("GPU (none found, or frigg was built without one)".into()))?;
+    /// The `index`-th GPU device (in ggml's device order).
+    pub fn gpu_at(index: usize) -> Result<Self, ComputeError> {
+        let gpus = Self::gpu_devices();
+        let Some(&dev) = gpus.get(index) else {
+            return Err(ComputeError::BackendInit(format!("GPU {index} (this build sees {} GPU device(s))", gpus.len())));
+        };
+        // SAFETY: a registry device; NULL params are allowed.
+        let p = unsafe { sys::ggml_backend_dev_init(dev, std::ptr::null()) };
+        let ptr = NonNull::new(p).ok_or_else(|| ComputeError::BackendInit(format!("GPU {index}")))?;
         Ok(Backend { ptr, is_cpu: false })
+    }
+
+    /// ggml's first GPU device as "name (description)", or "none".
+    pub fn gpu_description() -> String {
+        Self::gpu_devices()
+            .first()
+            .map(|&d| {
+                // SAFETY: a registry device; its strings live for the process.
+                unsafe { format!("{} ({})", CStr::from_ptr(sys::ggml_backend_dev_name(d)).to_string_lossy(), CStr::from_ptr(sys::ggml_backend_dev_description(d)).to_string_lossy()) }
+            })
+            .unwrap_or_else(|| "none".into())
+    }
+
+    /// ggml's first GPU device.
+    pub fn gpu() -> Result<Self, ComputeError> {
+        Self::gpu_at(0).map_err(|_| {
+            let hint = if crate::ggml::backend_names().len() > 1 { "none found; a CPU-type Vulkan device such as lavapipe needs GGML_VK_VISIBLE_DEVICES=0" } else { "frigg was built without one: --features cuda|vulkan|metal" };
+            ComputeError::BackendInit(format!("GPU ({hint})"))
+        })
     }
 
     /// CPU only: use ggml's reference kernels (vec_dot matmuls, per-row attention) whatever the
@@ -536,6 +554,35 @@ impl Graph {
     pub(crate) fn ctx_raw(&self) -> *mut sys::ggml_context {
         self.ctx.raw()
     }
+
+    /// A hash of what ggml-cuda compares before replaying a captured CUDA graph: every node's
+    /// whole tensor header (op, type, shape, strides, data address, params) and each source's
+    /// data address, shape and strides. Equal signatures = nothing a capture would redo.
+    pub fn signature(&self) -> u64 {
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // SAFETY: a live graph; nodes and their sources are live tensors of it or of arenas
+        // it holds. Only plain fields are read.
+        unsafe {
+            let g = self.gf.as_ptr();
+            for i in 0..sys::ggml_graph_n_nodes(g) {
+                let t = &*sys::ggml_graph_node(g, i);
+                h.write_u32(t.op);
+                h.write_u32(t.type_);
+                t.ne.iter().for_each(|&x| h.write_i64(x));
+                t.nb.iter().for_each(|&x| h.write_usize(x));
+                h.write_usize(t.data as usize);
+                t.op_params.iter().for_each(|&x| h.write_i32(x));
+                for &src in t.src.iter().filter(|s| !s.is_null()) {
+                    let src = &*src;
+                    h.write_usize(src.data as usize);
+                    src.ne.iter().for_each(|&x| h.write_i64(x));
+                    src.nb.iter().for_each(|&x| h.write_usize(x));
+                }
+            }
+        }
+        h.finish()
+    }
 }
 
 /// Sees the graph's nodes as they are computed (debug dumps of intermediate tensors).
@@ -553,6 +600,10 @@ pub struct Scheduler {
     allocated: *mut sys::ggml_cgraph,
     /// Boxed twice: ggml holds the inner box's address as the callback's user data.
     observer: Option<Box<Box<dyn NodeObserver>>>,
+    /// Graph allocations (a graph's tensors given addresses in the compute buffers), and those
+    /// that had to grow a compute buffer past its reserved size.
+    pub allocations: u64,
+    pub growths: u64,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -597,7 +648,7 @@ impl Scheduler {
         let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.raw()).collect();
         // SAFETY: raw holds live backends, the last one the CPU (checked by ggml).
         let p = unsafe { sys::ggml_backend_sched_new(raw.as_mut_ptr(), std::ptr::null_mut(), raw.len() as i32, graph_size, false, true) };
-        NonNull::new(p).map(|ptr| Scheduler { ptr, allocated: std::ptr::null_mut(), observer: None }).ok_or(ComputeError::GraphAlloc)
+        NonNull::new(p).map(|ptr| Scheduler { ptr, allocated: std::ptr::null_mut(), observer: None, allocations: 0, growths: 0 }).ok_or(ComputeError::GraphAlloc)
     }
 
     /// Sizes the compute buffers for `g` (a worst-case graph) without running it, so memory
@@ -619,6 +670,7 @@ impl Scheduler {
         if self.allocated == gf {
             return Ok(());
         }
+        let before = self.buffer_bytes();
         // SAFETY: gf is a live graph whose tensors belong to its live context.
         unsafe {
             sys::ggml_backend_sched_reset(self.ptr.as_ptr());
@@ -627,6 +679,8 @@ impl Scheduler {
                 return Err(ComputeError::GraphAlloc);
             }
         }
+        self.allocations += 1;
+        self.growths += u64::from(self.buffer_bytes() > before);
         self.allocated = gf;
         Ok(())
     }
@@ -652,6 +706,12 @@ impl Scheduler {
             unsafe { sys::ggml_backend_sched_reset(self.ptr.as_ptr()) };
             self.allocated = std::ptr::null_mut();
         }
+    }
+
+    /// Compute-buffer bytes held over all of this scheduler's backends.
+    fn buffer_bytes(&self) -> usize {
+        // SAFETY: valid scheduler; backend indices are below its count.
+        unsafe { (0..sys::ggml_backend_sched_get_n_backends(self.ptr.as_ptr())).map(|i| sys::ggml_backend_sched_get_buffer_size(self.ptr.as_ptr(), sys::ggml_backend_sched_get_backend(self.ptr.as_ptr(), i))).sum() }
     }
 
     /// Compute-buffer bytes held for `backend`.

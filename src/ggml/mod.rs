@@ -194,6 +194,37 @@ pub fn backend_names() -> Vec<String> {
     }
 }
 
+/// What ggml-cuda's debug log says of its CUDA graphs (process-wide; zero on other backends):
+/// captures (a graph stable over two calls gets captured), resets (a captured graph's nodes
+/// changed, so it must be captured again) and reuses (a split replayed as captured).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CudaGraphLog {
+    pub captures: u64,
+    pub resets: u64,
+    pub reuses: u64,
+}
+
+static CUDA_GRAPH_LOG: [std::sync::atomic::AtomicU64; 3] = [const { std::sync::atomic::AtomicU64::new(0) }; 3];
+
+pub fn cuda_graph_log() -> CudaGraphLog {
+    let get = |i: usize| CUDA_GRAPH_LOG[i].load(std::sync::atomic::Ordering::Relaxed);
+    CudaGraphLog { captures: get(0), resets: get(1), reuses: get(2) }
+}
+
+/// Counts ggml-cuda's graph lines (`ggml_backend_cuda_graph_compute`, ggml 0.26).
+fn count_cuda_graph_line(msg: &str) {
+    let i = if msg.ends_with("CUDA graph warmup complete") {
+        0
+    } else if msg.ends_with("CUDA graph warmup reset") {
+        1
+    } else if msg.starts_with("CUDA Graph id ") && msg.ends_with(" reused") {
+        2
+    } else {
+        return;
+    };
+    CUDA_GRAPH_LOG[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 extern "C" fn log_to_tracing(level: sys::ggml_log_level, text: *const std::os::raw::c_char, _user: *mut std::ffi::c_void) {
     if text.is_null() {
         return;
@@ -203,6 +234,9 @@ extern "C" fn log_to_tracing(level: sys::ggml_log_level, text: *const std::os::r
     let msg = msg.trim_end();
     if msg.is_empty() {
         return;
+    }
+    if level == sys::GGML_LOG_LEVEL_DEBUG {
+        count_cuda_graph_line(msg);
     }
     match level {
         sys::GGML_LOG_LEVEL_ERROR => tracing::error!(target: "ggml", "{msg}"),

@@ -97,6 +97,27 @@ impl HttpMetrics {
         ] {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v:.6}\n"));
         }
+        let graphs: Vec<crate::engine::GraphStats> = replicas.iter().map(|r| *r.graphs.lock().expect("stats lock")).collect();
+        let total = |f: fn(&crate::engine::GraphStats) -> u64| graphs.iter().map(f).sum::<u64>();
+        // ggml-cuda's log counts are process-wide: every replica reports the same, so once.
+        let cuda = graphs.iter().map(|g| g.cuda).max_by_key(|c| c.captures + c.resets + c.reuses).unwrap_or_default();
+        for (name, help, v) in [
+            ("frigg_graph_builds_total{kind=\"prefill\"}", "Compute graphs built, by forward kind.", total(|g| g.prefill_builds)),
+            ("frigg_graph_builds_total{kind=\"decode\"}", "", total(|g| g.decode_builds)),
+            ("frigg_graph_allocations_total", "Graphs given addresses in the compute buffers (a reused decode graph is not).", total(|g| g.allocations)),
+            ("frigg_compute_buffer_growths_total", "Allocations that grew a compute buffer past what load reserved (0 when the reservation holds).", total(|g| g.buffer_growths)),
+            ("frigg_decode_graph_reuses_total", "Decode steps that ran the previous step's graph as built and allocated.", total(|g| g.decode_reuses)),
+            ("frigg_decode_graph_changes_total", "Reused decode steps whose nodes or addresses changed (what makes ggml-cuda capture again; 0 expected).", total(|g| g.decode_changes)),
+            ("frigg_cuda_graph_captures_total", "CUDA graphs ggml-cuda captured (its log; 0 off CUDA).", cuda.captures),
+            ("frigg_cuda_graph_resets_total", "Captured CUDA graphs whose nodes changed, so ggml-cuda ran them uncaptured again (its log).", cuda.resets),
+            ("frigg_cuda_graph_reuses_total", "Graph splits ggml-cuda replayed as captured (its log).", cuda.reuses),
+        ] {
+            let family = name.split('{').next().unwrap_or(name);
+            if !help.is_empty() {
+                out.push_str(&format!("# HELP {family} {help}\n# TYPE {family} counter\n"));
+            }
+            out.push_str(&format!("{name} {v}\n"));
+        }
         out.push_str("# HELP frigg_replica_requests_total Requests routed to each replica.\n# TYPE frigg_replica_requests_total counter\n");
         for (i, r) in replicas.iter().enumerate() {
             out.push_str(&format!("frigg_replica_requests_total{{replica=\"{i}\"}} {}\n", r.routed.load(Ordering::Relaxed)));

@@ -85,6 +85,8 @@ pub struct Stats {
     pub decode_rows: AtomicUsize,
     /// Rows a decode step computed for free streams below its highest (their logits dropped).
     pub decode_padding_rows: AtomicUsize,
+    /// The engine's graph builds, allocations and reuse, as of its last forward.
+    pub graphs: std::sync::Mutex<crate::engine::GraphStats>,
 }
 
 impl Stats {
@@ -209,6 +211,7 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     let pending = constraint.iter_mut().map(|c| (c, job.max_tokens)).collect();
     let prefilled = crate::generate::constrain::masks_beside(pending, || engine.prefill_cancellable(free[0], TokenId::slice(&job.prompt), Some(&ones), Rows::Last, Some(&cancel)));
     Stats::add_time(&stats.prefill_us, t0);
+    *stats.graphs.lock().expect("stats lock") = engine.graph_stats();
     let logits = match prefilled {
         Ok(mut l) => l.pop().expect("one row"),
         Err(EngineError::Cancelled) => return, // its stream stays free
@@ -269,6 +272,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     let constraints = active.iter_mut().filter_map(|s| s.seq.pending_mask()).collect();
     let decoded = crate::generate::constrain::masks_beside(constraints, || engine.decode(&pairs));
     Stats::add_time(&stats.decode_us, t0);
+    *stats.graphs.lock().expect("stats lock") = engine.graph_stats();
     stats.decode_steps.fetch_add(1, Ordering::Relaxed);
     stats.decode_rows.fetch_add(pairs.len(), Ordering::Relaxed);
     let padding = pairs.iter().map(|p| p.0 .0 + 1).max().unwrap_or(0) - pairs.len();

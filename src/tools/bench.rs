@@ -342,6 +342,10 @@ pub struct MatrixCell {
     pub prefill_median: f64,
     pub load_before: f64,
     pub load_after: f64,
+    /// Graph builds, allocations and reuse over the timed steps (after one warm-up step):
+    /// 0 builds, 0 allocations and 0 changes when every step reused the warm graph.
+    #[serde(default)]
+    pub graphs_timed: Option<crate::engine::GraphStats>,
     pub machine: Machine,
     #[serde(default)]
     pub llama: Option<LlamaCell>,
@@ -479,8 +483,12 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         let load_before = loadavg();
                         let temp_before = if o.gpu { gpu_temperature() } else { None };
                         let (mut runs, mut llama_runs) = (vec![], vec![]);
+                        let mut graphs_before = e.graph_stats();
                         for rep in 0..=o.reps {
                             let steps = if rep == 0 { 1 } else { o.steps };
+                            if rep == 1 {
+                                graphs_before = e.graph_stats();
+                            }
                             for s in 0..b {
                                 e.fill_for_benchmark(StreamId(s), ctx).map_err(|e| e.to_string())?;
                             }
@@ -538,6 +546,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                             prefill_tok_s: prefill.clone(),
                             load_before,
                             load_after: loadavg(),
+                            graphs_timed: Some(e.graph_stats().since(&graphs_before)),
                             machine: machine(),
                             llama,
                             huge_page_mib: crate::ggml::hugepages::process_huge_bytes().map(|b| b >> 20),
@@ -577,6 +586,7 @@ mod tests {
             prefill_median: median(&[]),
             load_before: 0.0,
             load_after: 0.0,
+            graphs_timed: None,
             machine: machine(),
             llama: Some(LlamaCell {
                 decode_tok_s: vec![1.0],

@@ -85,11 +85,17 @@ def medium_model() -> str:
     return _MEDIUM
 
 
+# FRIGG_TEST_DEVICE=gpu: every server the suite starts runs its engine on ggml's first GPU
+# device (scripts/test-vulkan.sh: lavapipe), unless the test places replicas itself (--devices).
+DEVICE_ARGS = ["--device", "gpu"] if os.environ.get("FRIGG_TEST_DEVICE") == "gpu" else []
+
+
 class Server:
     def __init__(self, *args: str, model=None, ctx: int = 256):  # model None: the tiny fixture, False: no model (the bundled demo)
         self.port = free_port()
+        device = [] if "--devices" in args else DEVICE_ARGS
         self.proc = subprocess.Popen(
-            [FRIGG, "serve", *([] if model is False else [model or tiny_model()]), "--port", str(self.port), "--threads", "1", "--ctx", str(ctx), *args],
+            [FRIGG, "serve", *([] if model is False else [model or tiny_model()]), "--port", str(self.port), "--threads", "1", "--ctx", str(ctx), *device, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

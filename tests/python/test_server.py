@@ -483,3 +483,32 @@ def test_running_requests_and_kv_cache_usage_gauges_follow_the_work():
             assert r.status == 200
     finally:
         assert s.stop() == 0
+
+
+def test_decode_graphs_are_reused_across_requests():
+    """/metrics shows graph reuse: the same request twice (one slot, one padded length) builds
+    its decode graph once; every later step reuses it unchanged, and nothing grows a compute
+    buffer past what load reserved."""
+    s = Server("--slots", "1")
+    try:
+        c = s.client()
+
+        def ask():
+            r = c.chat.completions.create(model="x", messages=MSG, max_tokens=101, temperature=0, extra_body={"ignore_eos": True})
+            assert r.usage.completion_tokens == 101
+
+        ask()
+        before = {k: metric(s, k) for k in ("frigg_decode_graph_reuses_total", "frigg_graph_allocations_total", "frigg_decode_steps_total")}
+        builds = metric(s, 'frigg_graph_builds_total{kind="decode"}')
+        assert builds == 1 and before["frigg_decode_graph_reuses_total"] == 99, before
+        ask()
+        assert metric(s, 'frigg_graph_builds_total{kind="decode"}') == builds
+        # 100 more decode steps, all on the warm graph; one allocation, for the prompt's prefill
+        assert metric(s, "frigg_decode_steps_total") - before["frigg_decode_steps_total"] == 100
+        assert metric(s, "frigg_decode_graph_reuses_total") - before["frigg_decode_graph_reuses_total"] == 100
+        assert metric(s, "frigg_graph_allocations_total") - before["frigg_graph_allocations_total"] == 1
+        assert metric(s, "frigg_decode_graph_changes_total") == 0
+        assert metric(s, "frigg_compute_buffer_growths_total") == 0
+        assert metric(s, "frigg_cuda_graph_resets_total") == 0
+    finally:
+        assert s.stop() == 0
