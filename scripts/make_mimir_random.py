@@ -32,13 +32,18 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
 
-torch.set_num_threads(1)
+    torch.set_num_threads(1)
+except ImportError:
+    # numpy alone (the device machine has no torch): the same shapes and scales, other values.
+    torch = None
+    import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import BOS, EOS, PAD, TURN_END, mimir_config  # noqa: E402
+from hrm_config import BOS, EOS, PAD, TURN_END, mimir_config  # noqa: E402
 
 MIMIR = dict(hidden=1536, heads=12, head_dim=128, ffn=4096, lps=16, H=2, L=3, max_pos=4096, vocab=262144)
 MIMIR_PARAMS = 1_786_775_040
@@ -81,7 +86,15 @@ def numel(shape) -> int:
     return n
 
 
-def write_shard(path: Path, entries, gen: torch.Generator) -> None:
+def bf16_normal(n: int, std: float, gen) -> bytes:
+    """n normal values of standard deviation std as little-endian bf16 (round to nearest even)."""
+    if torch is not None:
+        return (torch.randn(n, generator=gen) * std).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    u = (gen.standard_normal(n, dtype=np.float32) * np.float32(std)).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2").tobytes()
+
+
+def write_shard(path: Path, entries, gen) -> None:
     """entries: [(name, shape, std)], bf16. Writes a safetensors file, streaming the data."""
     header, off = {}, 0
     for name, shape, _ in entries:
@@ -98,8 +111,7 @@ def write_shard(path: Path, entries, gen: torch.Generator) -> None:
             left = numel(shape)
             while left:
                 n = min(CHUNK, left)
-                t = (torch.randn(n, generator=gen) * std).to(torch.bfloat16)
-                fh.write(t.view(torch.int16).numpy().tobytes())
+                fh.write(bf16_normal(n, std, gen))
                 left -= n
         assert fh.tell() == 8 + len(hjson) + off
 
@@ -133,7 +145,7 @@ def main():
 
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed) if torch is not None else np.random.default_rng(args.seed)
     weight_map = {}
     t0 = time.time()
     for i, entries in enumerate(shards, 1):

@@ -1,0 +1,250 @@
+//! The device tiers (docs/parity.md, "On a GPU device"): the engine on ggml's first GPU device
+//! — on machines without one, Mesa's software Vulkan device (scripts/test-vulkan.sh) — against
+//! the transformers goldens, and against the CPU running the same file. Built only with a GPU
+//! backend; without a device every test here fails (no silent skip).
+//!
+//! Two shader precisions: `GGML_VK_DISABLE_F16=1` makes ggml-vulkan compute in f32; without it
+//! the device's f16 arithmetic runs, as on a GPU. Each bound below is twice the worst value
+//! measured on lavapipe in that mode (docs/parity.md), as the CPU tiers' are.
+#![cfg(any(feature = "vulkan", feature = "cuda", feature = "metal"))]
+
+mod common;
+
+use common::*;
+use frigg::convert::OutType;
+use frigg::engine::{Engine, EngineOptions, KvType, Rows, StreamId, TokenId};
+use frigg::generate::sampler::argmax;
+use frigg::tools::parity::{run_tier, tier, TierReport};
+use serde_json::json;
+
+const EPS: f32 = 1e-3;
+/// (f32 shaders, f16 shaders) device-vs-CPU bounds on the wide checkpoint, 2× the measured.
+const WIDE_Q4_K: (f32, f32) = (0.15, 0.17);
+const WIDE_Q8_0_KV_Q8_0: (f32, f32) = (0.12, 0.13);
+/// A sequence alone vs beside three others on the device: not bit for bit (ggml-vulkan picks its
+/// matmul and attention shaders by the number of rows); 2× the measured difference.
+fn batch_bound() -> f32 {
+    if f16_shaders() {
+        5e-4
+    } else {
+        1e-5
+    }
+}
+const FIXTURES: [&str; 4] = ["tiny-packed", "tiny-split", "tiny-packed-bf16", "small-h3l2-packed"];
+
+fn f16_shaders() -> bool {
+    std::env::var_os("GGML_VK_DISABLE_F16").is_none()
+}
+
+/// A tier's bounds on the device: max |Δlogit| against the reference (None: published, not
+/// asserted, as on the CPU for 4-bit), against the CPU on the same file, and the fewest
+/// judged last-row argmaxes that must agree with the reference (the measured minimum).
+struct Bound {
+    tier: &'static str,
+    vs_reference: Option<f32>,
+    vs_cpu: f32,
+    argmax_floor: usize,
+}
+
+/// Fixtures a tier cannot run on the device, and why.
+fn not_on_device(tier: &str, fixture: &str) -> Option<&'static str> {
+    (f16_shaders() && tier == "q4_0" && fixture.starts_with("tiny")).then_some(
+        "with f16 shaders, ggml-vulkan's Q4_0 path crashes lavapipe on the 64-wide fixtures (SIGSEGV in a lavapipe \
+         worker thread, 3 runs of 3 on each; with f32 shaders they run, and so does the 96-wide small-h3l2)",
+    )
+}
+
+/// f16 shaders (the device's fp16 arithmetic, as a GPU runs): 2× the worst measured on lavapipe
+/// over the four fixtures, rounded up (docs/parity.md). f32 weights land near 4e-3 of the
+/// reference instead of the CPU's 3e-6: activations pass through f16 inside the matmul and
+/// attention shaders (and ggml-vulkan's attention reads an F32 cache as F16).
+const F16_SHADERS: [Bound; 5] = [
+    Bound { tier: "f32", vs_reference: Some(1e-2), vs_cpu: 1e-2, argmax_floor: 18 },
+    Bound { tier: "f32-kv-f16", vs_reference: Some(1e-2), vs_cpu: 1e-2, argmax_floor: 18 },
+    Bound { tier: "bf16", vs_reference: Some(7e-2), vs_cpu: 5e-2, argmax_floor: 18 },
+    Bound { tier: "q8_0", vs_reference: Some(0.23), vs_cpu: 0.16, argmax_floor: 15 },
+    Bound { tier: "q4_0", vs_reference: None, vs_cpu: 0.2, argmax_floor: 0 },
+];
+
+/// f32 shaders (GGML_VK_DISABLE_F16=1): 2× the worst measured, rounded up. f32 weights agree
+/// with the reference as on the CPU (worst 2.9e-6: summation order only).
+const F32_SHADERS: [Bound; 5] = [
+    Bound { tier: "f32", vs_reference: Some(1e-5), vs_cpu: 1e-5, argmax_floor: 18 },
+    Bound { tier: "f32-kv-f16", vs_reference: Some(2e-3), vs_cpu: 4e-3, argmax_floor: 18 },
+    Bound { tier: "bf16", vs_reference: Some(7e-2), vs_cpu: 5e-2, argmax_floor: 18 },
+    Bound { tier: "q8_0", vs_reference: Some(0.23), vs_cpu: 0.15, argmax_floor: 15 },
+    Bound { tier: "q4_0", vs_reference: None, vs_cpu: 0.16, argmax_floor: 0 },
+];
+
+fn bounds() -> &'static [Bound; 5] {
+    if f16_shaders() {
+        &F16_SHADERS
+    } else {
+        &F32_SHADERS
+    }
+}
+
+/// Appends a measurement to the report scripts/test-vulkan.sh collects (FRIGG_DEVICE_REPORT).
+fn report(key: &str, value: serde_json::Value) {
+    let Some(path) = std::env::var_os("FRIGG_DEVICE_REPORT") else { return };
+    let mut doc: serde_json::Value = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_else(|| json!({}));
+    doc["device"] = json!(frigg::ggml::compute::Backend::gpu_description());
+    doc["f16_shaders"] = json!(f16_shaders());
+    match &mut doc[key] {
+        serde_json::Value::Array(a) => a.push(value),
+        slot if key == "tiers" || key == "not_run" => *slot = json!([value]),
+        slot => *slot = value,
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+}
+
+/// `FRIGG_DEVICE_TIERS` / `FRIGG_DEVICE_FIXTURES` (comma lists) pick a subset, so that
+/// scripts/test-vulkan.sh can give each (tier, fixture) its own process.
+fn selected(var: &str, name: &str) -> bool {
+    std::env::var(var).map_or(true, |v| v.split(',').any(|x| x == name))
+}
+
+#[test]
+fn every_tier_on_the_device_stays_within_its_bounds() {
+    let mut failures = vec![];
+    let mut ran = 0;
+    for b in bounds().iter().filter(|b| selected("FRIGG_DEVICE_TIERS", b.tier)) {
+        for fixture in FIXTURES.into_iter().filter(|f| selected("FRIGG_DEVICE_FIXTURES", f)) {
+            if let Some(why) = not_on_device(b.tier, fixture) {
+                eprintln!("{} {fixture}: not run on the device: {why}", b.tier);
+                report("not_run", json!({"tier": b.tier, "fixture": fixture, "why": why}));
+                ran += 1;
+                continue;
+            }
+            ran += 1;
+            let goldens = fixtures().join("goldens").join(format!("{fixture}.jsonl"));
+            let r: TierReport = run_tier(&ckpt(fixture), &goldens, tier(b.tier).unwrap(), EPS, 1, true).unwrap();
+            let vs_cpu = r.max_abs_diff_vs_cpu.expect("a GPU run compares with the CPU");
+            eprintln!(
+                "{:13} {fixture:18} vs reference {:.3e}  vs CPU {:.3e}  argmax {}/{}  greedy as CPU {}/{}",
+                r.tier, r.max_abs_diff, vs_cpu, r.argmax_agreed, r.argmax_judged, r.greedy_same_as_cpu.unwrap_or(0), r.cases
+            );
+            report(
+                "tiers",
+                json!({"tier": r.tier, "fixture": fixture, "cases": r.cases, "max_abs_diff": r.max_abs_diff, "bound": b.vs_reference,
+                       "max_abs_diff_vs_cpu": vs_cpu, "bound_vs_cpu": b.vs_cpu, "argmax": format!("{}/{}", r.argmax_agreed, r.argmax_judged),
+                       "greedy_same_as_cpu": r.greedy_same_as_cpu}),
+            );
+            if b.vs_reference.is_some_and(|bound| r.max_abs_diff > bound) {
+                failures.push(format!("{} {fixture}: max |Δlogit| {} > {:?}", r.tier, r.max_abs_diff, b.vs_reference));
+            }
+            if vs_cpu > b.vs_cpu {
+                failures.push(format!("{} {fixture}: device vs CPU {vs_cpu} > {}", r.tier, b.vs_cpu));
+            }
+            if r.argmax_agreed < b.argmax_floor.min(r.argmax_judged) {
+                failures.push(format!("{} {fixture}: argmax {}/{}", r.tier, r.argmax_agreed, r.argmax_judged));
+            }
+        }
+    }
+    assert!(ran > 0, "FRIGG_DEVICE_TIERS / FRIGG_DEVICE_FIXTURES select nothing");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Last-row logits of the tiny fixture's prompts, with the PrefixLM mask, and 8 greedy tokens.
+fn prompts_run(e: &mut Engine) -> Vec<(Vec<f32>, Vec<u32>)> {
+    let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();
+    let prompts: Vec<Vec<u32>> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["mode"] == "prefill")
+        .map(|v| v["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
+        .collect();
+    prompts
+        .iter()
+        .map(|p| {
+            let ones = vec![1; p.len()];
+            let last = e.prefill(StreamId(0), TokenId::slice(p), Some(&ones), Rows::Last).unwrap().remove(0);
+            let mut toks = vec![argmax(&last)];
+            for _ in 0..7 {
+                let l = e.decode(&[(StreamId(0), TokenId(*toks.last().unwrap()))]).unwrap();
+                toks.push(argmax(&l[0]));
+            }
+            e.release(StreamId(0));
+            (last, toks)
+        })
+        .collect()
+}
+
+/// Q4_K needs rows that are multiples of 256 and a Q8_0 cache heads that are whole 32-value
+/// blocks, which the golden fixtures do not have: a random 256-wide checkpoint (head_dim 128)
+/// runs on the device and on the CPU at Q4_K weights with an F16 cache, and at Q8_0 weights with
+/// a Q8_0 cache, and must agree as the other quantized tiers do. (Q4_K's quantization error
+/// itself is checked in tests/convert.rs.)
+#[test]
+fn wide_checkpoint_on_the_device_matches_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("wide");
+    std::fs::create_dir(&ck).unwrap();
+    wide_checkpoint(&ck);
+    let mut failures = vec![];
+    for (name, ty, kv, bound) in [("q4_k", OutType::Q4K, KvType::F16, WIDE_Q4_K), ("q8_0-kv-q8_0", OutType::Q8_0, KvType::Q8_0, WIDE_Q8_0_KV_Q8_0)] {
+        let gguf = dir.path().join(format!("{name}.gguf"));
+        let r = convert_to(&ck, &gguf, ty);
+        assert!(r.notes.iter().all(|n| !n.contains("block")), "every matrix at {name}: {:?}", r.notes);
+        let opts = EngineOptions { threads: 1, n_ctx: 256, n_stream: 1, kv_type: kv, ..Default::default() };
+        let cpu = prompts_run(&mut Engine::load(&gguf, &opts).unwrap());
+        let gpu = prompts_run(&mut Engine::load(&gguf, &EngineOptions { gpu: true, ..opts }).unwrap());
+        let worst = cpu.iter().zip(&gpu).map(|((a, _), (b, _))| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))).fold(0f32, f32::max);
+        let same = cpu.iter().zip(&gpu).filter(|((_, a), (_, b))| a == b).count();
+        let bound = if f16_shaders() { bound.1 } else { bound.0 };
+        eprintln!("{name} wide-256: device vs CPU max |Δ| {worst:.3e} (bound {bound:.1e}), greedy same {same}/{}", cpu.len());
+        report(
+            "tiers",
+            json!({"tier": format!("{name} ({ty:?} / {kv:?})"), "fixture": "wide-256 (random)", "cases": cpu.len(), "max_abs_diff": null, "bound": null,
+                   "max_abs_diff_vs_cpu": worst, "bound_vs_cpu": bound, "argmax": "—", "greedy_same_as_cpu": same}),
+        );
+        if worst > bound {
+            failures.push(format!("{name} device vs CPU: {worst} > {bound}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Whether a sequence's logits on the device depend on what it is batched with: alone in a
+/// 4-stream engine, then beside three others, for 16 decode steps (q8_0 weights, f16 cache).
+#[test]
+fn batched_decode_on_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    let mut e = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 256, n_stream: 4, kv_type: KvType::F16, gpu: true, ..Default::default() }).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();
+    let prompts: Vec<Vec<u32>> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["mode"] == "prefill")
+        .take(4)
+        .map(|v| v["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
+        .collect();
+    const STEPS: usize = 16;
+    let run = |e: &mut Engine, batch: usize| -> Vec<Vec<f32>> {
+        let mut next = vec![];
+        for (s, p) in prompts.iter().enumerate().take(batch) {
+            let l = e.prefill(StreamId(s), TokenId::slice(p), Some(&vec![1; p.len()]), Rows::Last).unwrap();
+            next.push(argmax(&l[0]));
+        }
+        let mut rows0 = vec![];
+        for _ in 0..STEPS {
+            let pairs: Vec<(StreamId, TokenId)> = next.iter().enumerate().map(|(s, &t)| (StreamId(s), TokenId(t))).collect();
+            let rows = e.decode(&pairs).unwrap();
+            next = rows.iter().map(|r| argmax(r)).collect();
+            rows0.push(rows[0].clone());
+        }
+        for s in 0..batch {
+            e.release(StreamId(s));
+        }
+        rows0
+    };
+    let alone = run(&mut e, 1);
+    let batched = run(&mut e, 4);
+    let worst = alone.iter().zip(&batched).flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs())).fold(0f32, f32::max);
+    eprintln!("device batch invariance: max |Δ| alone vs batched {worst:.3e} over {STEPS} steps");
+    let bound = batch_bound();
+    report("batch_invariance", json!({"steps": STEPS, "max_abs_diff": worst, "bound": bound}));
+    assert!(worst <= bound, "alone vs batched on the device: {worst} > {bound}");
+}
