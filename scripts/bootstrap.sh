@@ -32,7 +32,7 @@ fi
 if ((vulkan)); then
   command -v glslc >/dev/null 2>&1 || missing+=(glslc)
   [ -f /usr/share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake ] || missing+=(spirv-headers)
-  ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 ' || missing+=(libvulkan1)
+  ls /usr/lib/*/libvulkan.so.1 >/dev/null 2>&1 || missing+=(libvulkan1)
   ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
 fi
 if ((${#missing[@]})); then

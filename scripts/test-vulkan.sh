@@ -8,7 +8,8 @@
 #                                    `frigg serve --device gpu` (reviewers' run; minutes more)
 #
 # Each run goes twice: with f32 shaders (GGML_VK_DISABLE_F16=1) and with f16 shaders, as a GPU
-# with fp16 arithmetic runs them. The result lands in docs/bench/vulkan-check.json (dated).
+# with fp16 arithmetic runs them (FRIGG_VK_SHADERS="f16" runs one). The result lands in
+# docs/bench/vulkan-check.json (dated).
 #
 # Builds into target-vulkan/ (a second ggml build: the CPU one in target/ stays as it is).
 # GGML_VK_VISIBLE_DEVICES=0 is set only for the test processes, never for cargo: llama-cpp-sys-2
@@ -67,14 +68,14 @@ run() {
             return 0
         fi
         crashes=$((crashes + 1))
-        echo "test-vulkan: signal $((rc - 128)) (lavapipe heap corruption?), try $try: $*" | tee -a "$report/crashes.txt" >&2
+        echo "test-vulkan: signal $((rc - 128)) inside lavapipe?, try $try: ${FRIGG_DEVICE_TIERS:-} ${FRIGG_DEVICE_FIXTURES:-} $*" | tee -a "$report/crashes.txt" >&2
     done
     echo "test-vulkan: $* crashed five times" >&2
     exit 1
 }
 export GGML_VK_VISIBLE_DEVICES=0 FRIGG_TEST_DEVICE=gpu
 echo "test-vulkan: $("$frigg" --version)" >&2
-for shaders in f32 f16; do
+for shaders in ${FRIGG_VK_SHADERS:-f32 f16}; do
     if [ "$shaders" = f32 ]; then export GGML_VK_DISABLE_F16=1; else unset GGML_VK_DISABLE_F16; fi
     echo "test-vulkan: $shaders shaders" >&2
     t0=$(date +%s)

@@ -93,6 +93,16 @@ impl Model {
                 BufferType::cpu()
             } else if uses.is_empty() {
                 backend.buffer_type()
+            } else if !backend.is_cpu() {
+                // a weight whose op the device cannot run (ggml-vulkan: a matrix past the largest
+                // storage buffer it binds, as Mimir's 262,144-row output on lavapipe) stays in host
+                // memory, where the scheduler runs that op on the CPU
+                let device = backend.buffer_type();
+                if device.supports_weight(info.ty, dims, uses) {
+                    device
+                } else {
+                    BufferType::cpu()
+                }
             } else {
                 extra.iter().copied().find(|b| b.supports_weight(info.ty, dims, uses)).unwrap_or_else(|| backend.buffer_type())
             };
