@@ -14,7 +14,7 @@ use common::*;
 use frigg::convert::OutType;
 use frigg::engine::{Engine, EngineOptions, KvType, Rows, StreamId, TokenId};
 use frigg::generate::sampler::argmax;
-use frigg::tools::parity::{run_tier, tier, TierReport};
+use frigg::tools::parity::{max_abs_diff, run_tier, tier, TierReport};
 use serde_json::json;
 
 const EPS: f32 = 1e-3;
@@ -147,14 +147,7 @@ fn every_tier_on_the_device_stays_within_its_bounds() {
 
 /// Last-row logits of the tiny fixture's prompts, with the PrefixLM mask, and 8 greedy tokens.
 fn prompts_run(e: &mut Engine) -> Vec<(Vec<f32>, Vec<u32>)> {
-    let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();
-    let prompts: Vec<Vec<u32>> = text
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["mode"] == "prefill")
-        .map(|v| v["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
-        .collect();
-    prompts
+    prompts()
         .iter()
         .map(|p| {
             let ones = vec![1; p.len()];
@@ -189,7 +182,7 @@ fn wide_checkpoint_on_the_device_matches_the_cpu() {
         let opts = EngineOptions { threads: 1, n_ctx: 256, n_stream: 1, kv_type: kv, ..Default::default() };
         let cpu = prompts_run(&mut Engine::load(&gguf, &opts).unwrap());
         let gpu = prompts_run(&mut Engine::load(&gguf, &EngineOptions { gpu: true, ..opts }).unwrap());
-        let worst = cpu.iter().zip(&gpu).map(|((a, _), (b, _))| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))).fold(0f32, f32::max);
+        let worst = cpu.iter().zip(&gpu).map(|((a, _), (b, _))| max_abs_diff(a, b)).fold(0f32, f32::max);
         let same = cpu.iter().zip(&gpu).filter(|((_, a), (_, b))| a == b).count();
         let bound = if f16_shaders() { bound.1 } else { bound.0 };
         eprintln!("{name} wide-256: device vs CPU max |Δ| {worst:.3e} (bound {bound:.1e}), greedy same {same}/{}", cpu.len());
@@ -213,14 +206,7 @@ fn batched_decode_on_the_device() {
     let gguf = dir.path().join("m.gguf");
     convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
     let mut e = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 256, n_stream: 4, kv_type: KvType::F16, gpu: true, ..Default::default() }).unwrap();
-    let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();
-    let prompts: Vec<Vec<u32>> = text
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["mode"] == "prefill")
-        .take(4)
-        .map(|v| v["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
-        .collect();
+    let prompts: Vec<Vec<u32>> = prompts().into_iter().take(4).collect();
     const STEPS: usize = 16;
     let run = |e: &mut Engine, batch: usize| -> Vec<Vec<f32>> {
         let mut next = vec![];
@@ -242,7 +228,7 @@ fn batched_decode_on_the_device() {
     };
     let alone = run(&mut e, 1);
     let batched = run(&mut e, 4);
-    let worst = alone.iter().zip(&batched).flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs())).fold(0f32, f32::max);
+    let worst = alone.iter().zip(&batched).map(|(a, b)| max_abs_diff(a, b)).fold(0f32, f32::max);
     eprintln!("device batch invariance: max |Δ| alone vs batched {worst:.3e} over {STEPS} steps");
     let bound = batch_bound();
     report("batch_invariance", json!({"steps": STEPS, "max_abs_diff": worst, "bound": bound}));

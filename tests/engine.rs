@@ -8,15 +8,6 @@ use frigg::engine::{Engine, EngineError, EngineOptions, KernelChoice, Rows, Stre
 use frigg::engine::KvType;
 use frigg::generate::sampler::argmax;
 
-fn prompts() -> Vec<Vec<u32>> {
-    let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();
-    text.lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["mode"] == "prefill")
-        .map(|v| v["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
-        .collect()
-}
-
 fn engine(ty: OutType, kv: KvType, n_stream: usize) -> (tempfile::TempDir, Engine) {
     engine_with(ty, kv, n_stream, KernelChoice::Measure, KernelChoice::Measure)
 }

@@ -108,10 +108,15 @@ impl Comparison {
     }
 }
 
+/// The largest |a - b| over two rows of logits.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
 /// Compares a result with its golden; `eps` is the reference margin below which a choice is a tie.
 pub fn compare(r: &CaseResult, g: &Golden, eps: f32) -> Comparison {
     let last = r.last_logits.as_ref().expect("compare needs last_logits");
-    let max_abs_diff = last.iter().zip(&g.last_logits).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let max_abs_diff = max_abs_diff(last, &g.last_logits);
     let argmax_equal = (g.last_margin > eps).then_some(r.last_argmax == g.last_argmax);
     // Greedy: judged up to (excluding) the first reference step that is a near tie.
     let judged = g.greedy_margins.iter().position(|&m| m <= eps).unwrap_or(g.greedy.len()).min(r.greedy.len());
@@ -223,8 +228,7 @@ pub fn run_tier(ckpt: &std::path::Path, goldens: &std::path::Path, tier: Tier, e
         let res = run_case(&mut engine, case, true).map_err(|e| e.to_string())?;
         if let Some(cpu) = cpu.as_mut() {
             let on_cpu = run_case(cpu, case, true).map_err(|e| e.to_string())?;
-            let (a, b) = (res.last_logits.as_ref().expect("kept"), on_cpu.last_logits.as_ref().expect("kept"));
-            let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            let d = max_abs_diff(res.last_logits.as_ref().expect("kept"), on_cpu.last_logits.as_ref().expect("kept"));
             r.max_abs_diff_vs_cpu = Some(r.max_abs_diff_vs_cpu.unwrap_or(0.0).max(d));
             *r.greedy_same_as_cpu.get_or_insert(0) += usize::from(res.greedy == on_cpu.greedy);
         }

@@ -111,3 +111,13 @@ pub fn wide_checkpoint(dir: &Path) {
     }
 }
 
+
+/// The tiny fixture's prefill-mode golden prompts (token ids).
+pub fn prompts() -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(fixtures().join("goldens/tiny-packed.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["mode"] == "prefill")
+        .map(|v| v["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
+        .collect()
+}
