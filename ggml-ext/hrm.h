@@ -146,6 +146,14 @@ double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, 
 double hrm_time_decode_attention(ggml_backend_t backend, enum ggml_type kv_type, int head_dim, int n_head,
                                  int n_kv, int n_stream, int use_ext, int reps);
 
+// Whether ggml_mul_mat(w, x) on `backend` gives every column the bits it gets alone: for each n in
+// counts, x F32 [w->ne[0], n] (distinct values per column) against each column computed by itself.
+// 1 agree; 0 not (*first_differing = the first n whose columns differ); -1 could not run.
+// For a weight in one of the CPU's extra buffer types, whose kernels need not follow the
+// reference-kernel switch a batch-invariant decode relies on.
+int hrm_mul_mat_columns_agree(ggml_backend_t backend, struct ggml_tensor * w, const int * counts, int n_counts,
+                              int * first_differing);
+
 // Upper bound on the graph nodes hrm_build_forward adds for this model.
 size_t hrm_graph_nodes(const struct hrm_hparams * hp);
 

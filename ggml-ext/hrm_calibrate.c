@@ -1,6 +1,9 @@
-// Timing the decode kernels hrm_ops.c can choose between, on the backend that will run them:
-// each op is built by the dispatch functions themselves (hrm_op_mul_mat, hrm_op_attention) with
-// one choice forced, so what is timed is what a decode graph runs.
+// Measurements an engine makes at load, on the backend that will run its decode:
+// - timing the decode kernels hrm_ops.c can choose between: each op is built by the dispatch
+//   functions themselves (hrm_op_mul_mat, hrm_op_attention) with one choice forced, so what is
+//   timed is what a decode graph runs;
+// - whether ggml's matmul of a weight where it lies (plain memory or an extra buffer type's
+//   layout) gives each column the same bits whatever the number of columns beside it.
 #define _POSIX_C_SOURCE 199309L
 #include "hrm.h"
 #include "hrm_ops.h"
@@ -8,7 +11,9 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now_s(void) {
@@ -137,4 +142,85 @@ double hrm_time_decode_attention(ggml_backend_t backend, enum ggml_type kv_type,
     }
     ggml_free(ctx);
     return s;
+}
+
+// Deterministic values in [-1, 1), a different sequence in every column (the kernels quantize
+// each column on its own; equal columns would hide a column mixed into another).
+static void fill_columns(struct ggml_tensor * x) {
+    const int64_t n = ggml_nelements(x);
+    float * buf = malloc(sizeof(float) * (size_t) n);
+    if (!buf) {
+        GGML_ABORT("hrm_calibrate: out of memory for %lld values", (long long) n);
+    }
+    uint32_t s = 0x9e3779b9u;
+    for (int64_t i = 0; i < n; ++i) {
+        s = s * 1664525u + 1013904223u;
+        buf[i] = (float) (s >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    }
+    ggml_backend_tensor_set(x, buf, 0, sizeof(float) * (size_t) n);
+    free(buf);
+}
+
+int hrm_mul_mat_columns_agree(ggml_backend_t backend, struct ggml_tensor * w, const int * counts, int n_counts,
+                              int * first_differing) {
+    *first_differing = 0;
+    int max_cols = 1;
+    for (int i = 0; i < n_counts; ++i) {
+        max_cols = counts[i] > max_cols ? counts[i] : max_cols;
+    }
+    if (n_counts <= 0 || 2 * (max_cols + n_counts) > GGML_DEFAULT_GRAPH_SIZE) {
+        return -1;
+    }
+    struct ggml_context * ctx = scratch(2 * (max_cols + n_counts) + 1);
+    if (!ctx) {
+        return -1;
+    }
+    const int64_t k = w->ne[0], m = w->ne[1];
+    struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, max_cols);
+    ggml_set_input(x);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    // alone[j] = w · x[:, j]; together[i] = w · x[:, 0:counts[i]]
+    struct ggml_tensor ** alone = malloc(sizeof(*alone) * (size_t) (max_cols + n_counts));
+    if (!alone) {
+        GGML_ABORT("hrm_calibrate: out of memory for %d products", max_cols + n_counts);
+    }
+    struct ggml_tensor ** together = alone + max_cols;
+    for (int j = 0; j < max_cols; ++j) {
+        alone[j] = ggml_mul_mat(ctx, w, ggml_view_2d(ctx, x, k, 1, x->nb[1], (size_t) j * x->nb[1]));
+        ggml_set_output(alone[j]);
+        ggml_build_forward_expand(gf, alone[j]);
+    }
+    for (int i = 0; i < n_counts; ++i) {
+        together[i] = ggml_mul_mat(ctx, w, ggml_view_2d(ctx, x, k, counts[i], x->nb[1], 0));
+        ggml_set_output(together[i]);
+        ggml_build_forward_expand(gf, together[i]);
+    }
+    int result = -1;
+    ggml_gallocr_t ga = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
+    float * a = malloc(sizeof(float) * (size_t) m);
+    float * b = malloc(sizeof(float) * (size_t) m * (size_t) max_cols);
+    if (ga && a && b && ggml_gallocr_alloc_graph(ga, gf)) {
+        fill_columns(x);
+        if (ggml_backend_graph_compute(backend, gf) == GGML_STATUS_SUCCESS) {
+            result = 1;
+            for (int i = 0; i < n_counts && result == 1; ++i) {
+                ggml_backend_tensor_get(together[i], b, 0, sizeof(float) * (size_t) m * (size_t) counts[i]);
+                for (int j = 0; j < counts[i] && result == 1; ++j) {
+                    ggml_backend_tensor_get(alone[j], a, 0, sizeof(float) * (size_t) m);
+                    if (memcmp(a, b + (size_t) j * (size_t) m, sizeof(float) * (size_t) m) != 0) {
+                        result = 0;
+                        *first_differing = counts[i];
+                    }
+                }
+            }
+        }
+    }
+    free(a);
+    free(b);
+    free(alone);
+    if (ga) {
+        ggml_gallocr_free(ga);
+    }
+    ggml_free(ctx);
+    return result;
 }

@@ -68,7 +68,7 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
     ];
     for ((checkpoint, ty, kv), (ext_matmul, ext_attention)) in cases.into_iter().flat_map(|c| [(true, true), (false, false), (true, false), (false, true)].map(|k| (c, k))) {
         let (_d, mut e) = engine_on(checkpoint, ty, kv, 8, forced(ext_matmul), forced(ext_attention));
-        eprintln!("{ty:?}/{kv:?}: {} · {}", e.model.placement(), e.kernels().unwrap());
+        eprintln!("{ty:?}/{kv:?}: {} · {} · {:?}", e.model.placement(), e.kernels().unwrap(), e.model.placement_checks);
         let prompts: Vec<Vec<u32>> = prompts().into_iter().take(8).collect();
         let steps = 10;
         let singles: Vec<_> = prompts.iter().map(|p| alone(&mut e, p, steps)).collect();
@@ -92,6 +92,38 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
                 e.release(StreamId(s));
             }
         }
+    }
+}
+
+/// The check a batch-invariant engine makes before taking an extra buffer type
+/// (`ext::mul_mat_columns_agree`) tells kernels whose columns depend on their neighbours from
+/// ones whose do not: a plain F32 weight on ggml's reference kernels agrees at every count; on
+/// ggml's fast kernels (tiled GEMM for several columns, a dot product for one) it does not.
+#[test]
+fn the_column_check_tells_batch_dependent_matmuls_from_invariant_ones() {
+    use frigg::ggml::compute::{Arena, Backend, BufferType};
+    use frigg::ggml::{ext, GgmlType};
+    let (k, rows) = (512i64, 64i64);
+    let mut s = 12345u32;
+    let bytes: Vec<u8> = (0..rows * k)
+        .flat_map(|_| {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            ((s >> 8) as f32 / 16777216.0 - 0.5).to_le_bytes()
+        })
+        .collect();
+    let mut arena = Arena::new(1).unwrap();
+    let w = arena.tensor("w", GgmlType::F32, &[k, rows]);
+    arena.alloc(BufferType::cpu(), "test weight").unwrap();
+    w.write(0, &bytes);
+    let counts: Vec<usize> = (2..=9).chain([16, 17, 32, 33]).collect();
+    let backend = Backend::cpu(2).unwrap();
+    backend.set_reference_kernels(true);
+    assert_eq!(ext::mul_mat_columns_agree(&backend, &w, &counts), Ok(()), "reference kernels: every column as alone");
+    // the tiled GEMM is llamafile's, in every x86 and ARM build of this ggml
+    if Backend::cpu_features().iter().any(|f| f == "LLAMAFILE") {
+        backend.set_reference_kernels(false);
+        let fast = ext::mul_mat_columns_agree(&backend, &w, &counts);
+        assert!(matches!(fast, Err(Some(n)) if n >= 2), "ggml's fast kernels: columns beside others round differently ({fast:?})");
     }
 }
 

@@ -925,6 +925,9 @@ fn run(model: &Path, runner: &RunnerArgs, r: RunRequest) -> Result<(), String> {
         runner.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
     );
     eprintln!("frigg: weights: {}", engine.model.placement());
+    for check in &engine.model.placement_checks {
+        eprintln!("frigg: weights: {check}");
+    }
     if let Some(k) = engine.kernels() {
         eprintln!("frigg: {k}");
     }

@@ -23,7 +23,7 @@ use crate::ggml::compute::{Backend, ComputeError, Scheduler};
 use crate::ggml::ext::{self, fill_mask, StepInputs};
 
 pub use crate::ggml::compute::Cancel;
-use crate::engine::weights::{LoadError, Model};
+use crate::engine::weights::{LoadError, Model, Placement};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -88,9 +88,10 @@ pub struct EngineOptions {
     pub gpu_index: Option<usize>,
     /// On the CPU, put each weight in the first of ggml's extra buffer types (repacked
     /// layouts, AMX tiles, KleidiAI) whose kernels take it; off: every weight in plain memory.
-    /// A batch-invariant engine with several streams keeps plain memory whatever this says:
-    /// those types' kernels need not honour ggml's reference-kernel switch (the repacked Q4_K
-    /// GEMM rounds four columns differently from one: `tests/engine.rs`).
+    /// A batch-invariant engine with several streams takes a type only where a check at load
+    /// shows its matmul keeps each column's bits whatever sits beside it (`Placement`): those
+    /// types' kernels need not honour ggml's reference-kernel switch (the repacked Q4_K GEMM
+    /// rounds four columns differently from one).
     pub extra_buffers: bool,
     /// With more than one stream: decode with ggml's reference kernels at every batch size, so
     /// a sequence's logits do not depend on what it is batched with (off: ggml's fastest
@@ -285,7 +286,14 @@ impl Engine {
         backends.push(cpu_decode);
         let main = &backends[0];
         let invariant_batches = opts.batch_invariant && opts.n_stream > 1;
-        let model = Model::load(path, main, opts.extra_buffers && !invariant_batches)?;
+        let placement = if !opts.extra_buffers {
+            Placement::Plain
+        } else if invariant_batches {
+            Placement::BatchInvariant { decode: &backends[backends.len() - 1], counts: weights::invariance_counts(opts.n_stream) }
+        } else {
+            Placement::Fastest
+        };
+        let model = Model::load(path, main, &placement)?;
         let hp = model.hp.clone();
         let n_ctx = if opts.n_ctx == 0 { hp.n_ctx_train as usize } else { opts.n_ctx };
         if n_ctx > hp.n_ctx_train as usize {
@@ -468,15 +476,18 @@ impl Engine {
     }
 
     /// Runs a built step with its inputs and returns `n_out` rows of logits.
-    /// `cancel` (first forwards only) is asked between graph nodes of the CPU part.
+    /// `cancel` (first forwards only) is asked between graph nodes: by the CPU backend after
+    /// each node, and on a GPU engine also by the scheduler between pieces of the graph.
     fn run(&mut self, first: bool, built: &ext::Step, inputs: &StepInputs, cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
         let sched = if first { &mut self.sched_first } else { &mut self.sched_decode };
         // backends = [GPU…, CPU for first forwards, CPU for decode].
+        let on_gpu = self.backends.len() > 2;
         let cpu_first = &self.backends[self.backends.len() - 2];
-        let _cancel_guard = cancel.filter(|_| first).map(|c| cpu_first.cancel_when(c));
+        let cancel = cancel.filter(|_| first);
+        let _cancel_guard = cancel.map(|c| cpu_first.cancel_when(c));
         let n_vocab = self.model.hp.n_vocab as usize;
         let mut flat = vec![0f32; n_vocab * inputs.out_rows.len()];
-        built.run(sched, inputs, &mut flat).map_err(|e| match e {
+        built.run(sched, inputs, &mut flat, cancel.filter(|_| on_gpu)).map_err(|e| match e {
             ComputeError::Cancelled => EngineError::Cancelled,
             e => EngineError::Compute(e),
         })?;

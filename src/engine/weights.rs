@@ -33,6 +33,8 @@ pub struct Model {
     pub file_type: Option<u64>,
     /// Where the weights went: buffer type name, bytes, tensors by type ("112 q8_0, 1 f32").
     pub weight_bytes: Vec<(String, usize, String)>,
+    /// Under `Placement::BatchInvariant`: each extra buffer type checked, and the verdict.
+    pub placement_checks: Vec<String>,
     tok_embd: Tensor,
     /// None: tied to `tok_embd`.
     output: Option<Tensor>,
@@ -47,6 +49,36 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// Where `Model::load` may put weights on a CPU (a GPU takes its own buffer regardless).
+#[derive(Debug)]
+pub enum Placement<'a> {
+    /// Every weight in the backend's own buffer.
+    Plain,
+    /// Each weight in the first of the CPU's extra buffer types (ggml's order) whose
+    /// `supports_op` accepts every op that reads it, else the backend's buffer.
+    Fastest,
+    /// As `Fastest`, but an extra buffer type is taken for a weight type and width only when its
+    /// matmul on `decode` gives every column the bits it gets alone, for each count in `counts`
+    /// (checked on the first `PROBE_ROWS` rows of a real weight): its kernels need not follow
+    /// the reference-kernel switch a batch-invariant decode relies on.
+    BatchInvariant { decode: &'a Backend, counts: Vec<usize> },
+}
+
+/// Rows of a weight the batch-invariance check multiplies: each output row is one dot product,
+/// computed by the same kernel however many rows there are, so a slice answers for the whole.
+pub const PROBE_ROWS: i64 = 256;
+
+/// The column counts a batch-invariant engine of `n_stream` streams checks: every count to 9
+/// (the repacked kernels' column blocks are 4 and 8 wide), the block edges at 16, 32 and 64, and
+/// `n_stream` itself.
+pub fn invariance_counts(n_stream: usize) -> Vec<usize> {
+    let mut c: Vec<usize> = (2..=9).chain([16, 17, 32, 33, 64, 65]).filter(|&n| n <= n_stream).collect();
+    if n_stream >= 2 && !c.contains(&n_stream) {
+        c.push(n_stream);
+    }
+    c
+}
+
 /// Types ggml can compute `mul_mat` with on every backend frigg builds.
 fn computable(ty: GgmlType) -> bool {
     [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K]
@@ -55,12 +87,10 @@ fn computable(ty: GgmlType) -> bool {
 }
 
 impl Model {
-    /// Loads `path` for `backend`. On the CPU with `extra_buffers`, each weight goes to the
-    /// first of the CPU's extra buffer types (ggml's order) whose `supports_op` accepts every op
-    /// that reads it, else to the backend's buffer; on a GPU the embedding stays in host memory
-    /// (get_rows runs on the CPU there).
+    /// Loads `path` for `backend`, on a CPU placing the weights as `placement` says; on a GPU
+    /// the embedding stays in host memory (get_rows runs on the CPU there).
     /// Long on purpose: one walk over the file's tensor table, placing and typing each weight.
-    pub fn load(path: &Path, backend: &Backend, extra_buffers: bool) -> Result<Model, LoadError> {
+    pub fn load(path: &Path, backend: &Backend, placement: &Placement) -> Result<Model, LoadError> {
         let g = GgufFile::open(path)?;
         let infos = g.tensors();
         let (hp, problems) = super::arch::check_runnable(&g, &infos);
@@ -71,7 +101,11 @@ impl Model {
         let has_output = infos.iter().any(|t| t.name == arch::OUTPUT);
         let specs = hp.tensor_specs(has_output);
 
-        let extra = if extra_buffers && backend.is_cpu() { Backend::cpu_extra_buffer_types() } else { vec![] };
+        let extra = if backend.is_cpu() && !matches!(placement, Placement::Plain) { Backend::cpu_extra_buffer_types() } else { vec![] };
+        let file = std::fs::File::open(path).map_err(|e| LoadError::Io { path: path.to_path_buf(), reason: e.to_string() })?;
+        // (buffer type, weight type, width) → whether its matmul keeps columns independent
+        let mut invariant: HashMap<(String, GgmlType, i64), bool> = HashMap::new();
+        let mut placement_checks = vec![];
         // One arena per buffer type used, in the order first used.
         let mut homes: Vec<(BufferType, Arena)> = vec![];
         let mut tensors: HashMap<String, (Tensor, u64, u64)> = HashMap::new();
@@ -104,7 +138,28 @@ impl Model {
                     BufferType::cpu()
                 }
             } else {
-                extra.iter().copied().find(|b| b.supports_weight(info.ty, dims, uses)).unwrap_or_else(|| backend.buffer_type())
+                let mut chosen = None;
+                for b in extra.iter().copied().filter(|b| b.supports_weight(info.ty, dims, uses)) {
+                    let ok = match placement {
+                        Placement::BatchInvariant { decode, counts } if uses.contains(&WeightUse::MulMat) => {
+                            let key = (b.name(), info.ty, dims[0]);
+                            if !invariant.contains_key(&key) {
+                                let (ok, note) = columns_agree_in(b, decode, counts, &file, info.offset, info.size, info.ty, dims)
+                                    .map_err(|reason| LoadError::Io { path: path.to_path_buf(), reason: format!("reading {}: {reason}", info.name) })?;
+                                tracing::info!("weights: {note}");
+                                placement_checks.push(note);
+                                invariant.insert(key.clone(), ok);
+                            }
+                            invariant[&key]
+                        }
+                        _ => true,
+                    };
+                    if ok {
+                        chosen = Some(b);
+                        break;
+                    }
+                }
+                chosen.unwrap_or_else(|| backend.buffer_type())
             };
             let at = match homes.iter().position(|(b, _)| *b == buft) {
                 Some(i) => i,
@@ -125,7 +180,6 @@ impl Model {
         }
 
         // Read each tensor's bytes from the file into its buffer.
-        let file = std::fs::File::open(path).map_err(|e| LoadError::Io { path: path.to_path_buf(), reason: e.to_string() })?;
         let mut buf = Vec::new();
         for (name, (t, offset, size)) in &tensors {
             buf.resize(*size as usize, 0);
@@ -158,6 +212,7 @@ impl Model {
             hp,
             path: path.to_path_buf(),
             weight_bytes,
+            placement_checks,
         })
     }
 
@@ -193,6 +248,29 @@ impl Model {
     }
 }
 
+/// Whether the matmul of a weight of type `ty` and shape `dims` stored in `buft` keeps every
+/// column's bits independent of the columns beside it on `decode`, checked on the weight's first
+/// `PROBE_ROWS` rows read from `file` at `offset` (rows are contiguous in a GGUF); with the
+/// verdict in words for the start-up log. Err: the bytes could not be read or placed.
+#[allow(clippy::too_many_arguments)]
+fn columns_agree_in(buft: BufferType, decode: &Backend, counts: &[usize], file: &std::fs::File, offset: u64, size: u64, ty: GgmlType, dims: &[i64]) -> Result<(bool, String), String> {
+    let rows = if dims[1] > PROBE_ROWS && buft.supports_weight(ty, &[dims[0], PROBE_ROWS], &[WeightUse::MulMat]) { PROBE_ROWS } else { dims[1] };
+    let bytes = size / dims[1] as u64 * rows as u64;
+    let mut data = vec![0u8; bytes as usize];
+    file.read_exact_at(&mut data, offset).map_err(|e| e.to_string())?;
+    let mut arena = Arena::new(1).map_err(|e| e.to_string())?;
+    let w = arena.tensor("probe", ty, &[dims[0], rows]);
+    arena.alloc(buft, "batch-invariance check").map_err(|e| e.to_string())?;
+    w.write(0, &data);
+    let what = format!("{} for {} weights {} wide", buft.name(), ty.name(), dims[0]);
+    let max = counts.iter().max().copied().unwrap_or(1);
+    Ok(match ext::mul_mat_columns_agree(decode, &w, counts) {
+        Ok(()) => (true, format!("{what}: kept for batch-invariant decode (each of up to {max} columns has the bits it has alone)")),
+        Err(Some(n)) => (false, format!("{what}: not used for batch-invariant decode ({n} columns together round differently from each alone)")),
+        Err(None) => (false, format!("{what}: not used for batch-invariant decode (the check could not run)")),
+    })
+}
+
 pub(crate) fn c_hparams(hp: &HParams) -> ext::HParams {
     ext::HParams {
         n_embd: hp.n_embd as i32,
@@ -207,5 +285,19 @@ pub(crate) fn c_hparams(hp: &HParams) -> ext::HParams {
         rope_theta: hp.rope_theta,
         embedding_scale: hp.embedding_scale,
         n_ctx_train: hp.n_ctx_train as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::invariance_counts;
+
+    #[test]
+    fn invariance_counts_cover_every_small_batch_the_block_edges_and_the_engine_size() {
+        assert!(invariance_counts(1).is_empty());
+        assert_eq!(invariance_counts(4), [2, 3, 4]);
+        assert_eq!(invariance_counts(12), [2, 3, 4, 5, 6, 7, 8, 9, 12]);
+        assert_eq!(invariance_counts(64), [2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 32, 33, 64]);
+        assert_eq!(invariance_counts(100), [2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 32, 33, 64, 65, 100]);
     }
 }

@@ -632,6 +632,28 @@ extern "C" fn observe_node(t: *mut sys::ggml_tensor, ask: bool, user: *mut std::
     }
 }
 
+/// A `Cancel` asked between pieces of a graph on any backend (`Scheduler::compute_cancellable`).
+struct CancelEval<'a> {
+    cancel: &'a Cancel<'a>,
+    /// Nodes per piece: the scheduler computes `every` nodes, synchronizes, and asks.
+    every: usize,
+    seen: usize,
+    cancelled: bool,
+}
+
+extern "C" fn cancel_between_nodes(_t: *mut sys::ggml_tensor, ask: bool, user: *mut std::ffi::c_void) -> bool {
+    // SAFETY: user is the CancelEval on `compute_cancellable`'s stack, registered only while it
+    // computes.
+    let c = unsafe { &mut *(user as *mut CancelEval) };
+    if ask {
+        // once cancelled, every remaining split stops after its first node
+        c.seen += 1;
+        return c.cancelled || c.seen % c.every == 0;
+    }
+    c.cancelled |= (c.cancel.0)();
+    !c.cancelled
+}
+
 // SAFETY: owned by the engine thread.
 unsafe impl Send for Scheduler {}
 
@@ -697,6 +719,27 @@ impl Scheduler {
             return Err(ComputeError::Compute(st));
         }
         Ok(())
+    }
+
+    /// `compute`, asking `cancel` after every `every` nodes on whichever backend runs them (a
+    /// GPU's included: ggml's scheduler computes the graph in pieces of `every` nodes, waiting
+    /// for each, through its eval callback); once it says true the rest is skipped and the
+    /// compute fails with `ComputeError::Cancelled`. With an observer set (debug dumps), the
+    /// observer keeps the callback and `cancel` is not asked.
+    pub fn compute_cancellable(&mut self, g: &Graph, cancel: &Cancel, every: usize) -> Result<(), ComputeError> {
+        if self.observer.is_some() {
+            return self.compute(g);
+        }
+        let mut eval = CancelEval { cancel, every: every.max(1), seen: 0, cancelled: false };
+        // SAFETY: `eval` outlives the registration, which is cleared before it goes.
+        unsafe { sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), Some(cancel_between_nodes), &mut eval as *mut CancelEval as *mut std::ffi::c_void) };
+        let result = self.compute(g);
+        // SAFETY: clears the registration made above.
+        unsafe { sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), None, std::ptr::null_mut()) };
+        if eval.cancelled {
+            return Err(ComputeError::Cancelled);
+        }
+        result
     }
 
     /// Forgets the current allocation (call before dropping the graph it belongs to).
