@@ -3,12 +3,15 @@
 # there is no GPU: the engine's device path — weights, KV cache and every op on the device,
 # uploads and downloads through ggml's backend API — runs as it would on a real GPU.
 #
-#   scripts/test-vulkan.sh           the device tests (part of scripts/test.sh)
-#   scripts/test-vulkan.sh --full    also the whole Python server suite against
-#                                    `frigg serve --device gpu` (reviewers' run; minutes more)
+#   scripts/test-vulkan.sh           the device tests and a named subset of the server suite
+#   scripts/test-vulkan.sh --full    the whole Python server suite against
+#                                    `frigg serve --device gpu` instead of the subset
+# (the reviewers' run: not part of scripts/test.sh, whose CI machine has no time for a second
+# ggml build with its shaders).
 #
-# Each run goes twice: with f32 shaders (GGML_VK_DISABLE_F16=1) and with f16 shaders, as a GPU
-# with fp16 arithmetic runs them (FRIGG_VK_SHADERS="f16" runs one). The result lands in
+# The device tests go twice: with f32 shaders (GGML_VK_DISABLE_F16=1) and with f16 shaders, as a
+# GPU with fp16 arithmetic runs them (FRIGG_VK_SHADERS="f16" runs one); the server suite runs
+# with f16 shaders (FRIGG_VK_SERVER_SHADERS names others). The result lands in
 # docs/bench/vulkan-check.json (dated).
 #
 # Builds into target-vulkan/ (a second ggml build: the CPU one in target/ stays as it is).
@@ -88,8 +91,12 @@ for shaders in ${FRIGG_VK_SHADERS:-f32 f16}; do
     done
     run "$log" "${exe[device]}" --exact wide_checkpoint_on_the_device_matches_the_cpu --nocapture
     run "$log" "${exe[device]}" --exact batched_decode_on_the_device --nocapture
+    run "$log" "${exe[device]}" --exact cancelled_prefill_on_the_device_frees_the_stream_and_changes_nothing --nocapture
     run "$log" "${exe[engine]}" --exact decode_graphs_are_reused_once_warm --nocapture
     unset FRIGG_DEVICE_REPORT
+    echo "$(( $(date +%s) - t0 ))" >"$report/seconds-$shaders"
+    [[ " ${FRIGG_VK_SERVER_SHADERS:-f16} " == *" $shaders "* ]] || continue
+    t0=$(date +%s)
     if ((full)); then
         suite=(tests/python)
     else
@@ -100,7 +107,7 @@ for shaders in ${FRIGG_VK_SHADERS:-f32 f16}; do
     FRIGG_BIN="$frigg" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --junitxml="$report/server-$shaders.xml" "${suite[@]}" 2>&1 | tee "$report/server-$shaders.log" | tail -n 15
     ((PIPESTATUS[0] == 0)) || suite_failed=1
     set -e
-    echo "$(( $(date +%s) - t0 ))" >"$report/seconds-$shaders"
+    echo "$(( $(date +%s) - t0 ))" >"$report/server-seconds-$shaders"
 done
 echo "$crashes" >"$report/crashes"
 python3 scripts/vulkan_report.py "$report" --build-seconds "$build_s" --full "$full" --frigg "$frigg" --out docs/bench/vulkan-check.json

@@ -234,3 +234,46 @@ fn batched_decode_on_the_device() {
     report("batch_invariance", json!({"steps": STEPS, "max_abs_diff": worst, "bound": bound}));
     assert!(worst <= bound, "alone vs batched on the device: {worst} > {bound}");
 }
+
+/// A prefill on the device stops when its `Cancel` says so (asked between pieces of the graph,
+/// `Scheduler::compute_cancellable`): it fails with `Cancelled`, leaves its stream free, and the
+/// same sequence then runs as if it had never been interrupted.
+#[test]
+fn cancelled_prefill_on_the_device_frees_the_stream_and_changes_nothing() {
+    use frigg::engine::{Cancel, EngineError};
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    let mut e = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 256, n_stream: 2, kv_type: KvType::F16, gpu: true, ..Default::default() }).unwrap();
+    let prompt = &prompts()[0];
+    let ones = vec![1; prompt.len()];
+    let mut run = |e: &mut Engine| -> Vec<Vec<u32>> {
+        let mut rows = vec![];
+        let mut l = e.prefill(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last).unwrap().remove(0);
+        for _ in 0..4 {
+            rows.push(l.iter().map(|x| x.to_bits()).collect());
+            l = e.decode(&[(StreamId(0), TokenId(argmax(&l)))]).unwrap().remove(0);
+        }
+        e.release(StreamId(0));
+        rows
+    };
+    let want = run(&mut e);
+    for after in [0usize, 1, 3] {
+        let asked = std::cell::Cell::new(0usize);
+        let ask = || {
+            asked.set(asked.get() + 1);
+            asked.get() > after
+        };
+        let r = e.prefill_cancellable(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last, Some(&Cancel(&ask)));
+        assert!(matches!(r, Err(EngineError::Cancelled)), "cancel after {after} questions: {r:?}");
+        assert_eq!(e.free_stream(), Some(StreamId(0)), "a cancelled prefill leaves its stream free");
+        assert_eq!(run(&mut e), want, "after a prefill cancelled at question {after}");
+    }
+    let asked = std::cell::Cell::new(0usize);
+    let ask = || {
+        asked.set(asked.get() + 1);
+        false
+    };
+    e.prefill_cancellable(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last, Some(&Cancel(&ask))).unwrap();
+    assert!(asked.get() > 3, "asked {} times in a whole prefill", asked.get());
+}

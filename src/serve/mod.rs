@@ -942,7 +942,8 @@ fn start_replicas(o: &ServeOptions, n_ctx: usize, tok: &Arc<Tokenizer>) -> Resul
             .spawn(move || match Engine::load(&model_path, &eopts) {
                 Ok(engine) => {
                     let kernels = engine.kernels().map_or("GPU: ggml's ops".to_string(), |k| k.to_string());
-                    let _ = ready_tx.send(Ok((engine.compute_bytes(), engine.model.placement(), kernels)));
+                    let placement = std::iter::once(engine.model.placement()).chain(engine.model.placement_checks.iter().cloned()).collect::<Vec<_>>().join("; ");
+                    let _ = ready_tx.send(Ok((engine.compute_bytes(), placement, kernels)));
                     scheduler::run(engine, tok2, jobs_rx, stats2);
                 }
                 Err(e) => {
