@@ -198,14 +198,21 @@ fn wide_checkpoint_on_the_device_matches_the_cpu() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// tiny-packed at q8_0 on the device with an F16 cache of `n_stream` streams (one thread, 256
+/// positions); the directory holds the converted file.
+fn tiny_q8_0_on_the_device(n_stream: usize) -> (tempfile::TempDir, Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    let e = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 256, n_stream, kv_type: KvType::F16, gpu: true, ..Default::default() }).unwrap();
+    (dir, e)
+}
+
 /// Whether a sequence's logits on the device depend on what it is batched with: alone in a
 /// 4-stream engine, then beside three others, for 16 decode steps (q8_0 weights, f16 cache).
 #[test]
 fn batched_decode_on_the_device() {
-    let dir = tempfile::tempdir().unwrap();
-    let gguf = dir.path().join("m.gguf");
-    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
-    let mut e = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 256, n_stream: 4, kv_type: KvType::F16, gpu: true, ..Default::default() }).unwrap();
+    let (_dir, mut e) = tiny_q8_0_on_the_device(4);
     let prompts: Vec<Vec<u32>> = prompts().into_iter().take(4).collect();
     const STEPS: usize = 16;
     let run = |e: &mut Engine, batch: usize| -> Vec<Vec<f32>> {
@@ -241,13 +248,10 @@ fn batched_decode_on_the_device() {
 #[test]
 fn cancelled_prefill_on_the_device_frees_the_stream_and_changes_nothing() {
     use frigg::engine::{Cancel, EngineError};
-    let dir = tempfile::tempdir().unwrap();
-    let gguf = dir.path().join("m.gguf");
-    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
-    let mut e = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 256, n_stream: 2, kv_type: KvType::F16, gpu: true, ..Default::default() }).unwrap();
+    let (_dir, mut e) = tiny_q8_0_on_the_device(2);
     let prompt = &prompts()[0];
     let ones = vec![1; prompt.len()];
-    let mut run = |e: &mut Engine| -> Vec<Vec<u32>> {
+    let run = |e: &mut Engine| -> Vec<Vec<u32>> {
         let mut rows = vec![];
         let mut l = e.prefill(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last).unwrap().remove(0);
         for _ in 0..4 {
