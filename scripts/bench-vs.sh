@@ -4,7 +4,8 @@
 # Both in one process on the same file and threads, repetitions alternated frigg, llama.cpp;
 # frigg on ggml's fast (batched GEMM) kernels, as llama.cpp, and on the server's batch-invariant ones. Writes docs/bench/vs-GROUP.json and
 # renders every vs-*.json there into the table in docs/benchmarks.md (bench:vs).
-#   q8_0: batch 1 and 4, context 512 and 1024;  bf16, q4 (q4_0, q4_k): batch 1 and 4, context 512.
+#   q8_0: batch 1 and 4, context 512 and 1024;  bf16, q4 (q4_0, q4_k): batch 1 and 4, context 512;
+#   every group: prefill of 128 and of 512 prompt tokens.
 # Usage: scripts/bench-vs.sh [THREADS] [GROUP...]   (default: all three; an otherwise idle machine)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +17,7 @@ groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=("${known[@]}")
 frigg=./target/release/frigg
 cargo build --release --locked >/dev/null
-common=(--batches 1,4 --kernels batched,invariant --threads "$threads" --steps 8 --reps 3 --prefill 128 --vs llama.cpp)
+common=(--batches 1,4 --kernels batched,invariant --threads "$threads" --steps 8 --reps 3 --prefill 128,512 --vs llama.cpp)
 for g in "${groups[@]}"; do
     case "$g" in
         q8_0) $frigg bench matrix models/mimir-q8_0.gguf --contexts 512,1024 "${common[@]}" --json docs/bench/vs-q8_0.json ;;

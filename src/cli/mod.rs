@@ -399,9 +399,9 @@ enum BenchCommand {
         steps: usize,
         #[arg(long, default_value_t = 3)]
         reps: usize,
-        /// Prompt tokens for the prefill column (0: skip prefill).
-        #[arg(long, default_value_t = 128)]
-        prefill: usize,
+        /// Prompt lengths for the prefill columns, comma-separated (0: no prefill).
+        #[arg(long, value_delimiter = ',', default_value = "128")]
+        prefill: Vec<usize>,
         /// frigg's CPU decode kernels to time: `invariant` (ggml's reference kernels, what an
         /// engine with several streams uses by default), `batched` (tiled GEMM, what one-stream
         /// engines and --batched-kernels use), or both.

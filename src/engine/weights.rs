@@ -254,6 +254,7 @@ impl Model {
 /// verdict in words for the start-up log. Err: the bytes could not be read or placed.
 #[allow(clippy::too_many_arguments)]
 fn columns_agree_in(buft: BufferType, decode: &Backend, counts: &[usize], file: &std::fs::File, offset: u64, size: u64, ty: GgmlType, dims: &[i64]) -> Result<(bool, String), String> {
+    let started = std::time::Instant::now();
     let rows = if dims[1] > PROBE_ROWS && buft.supports_weight(ty, &[dims[0], PROBE_ROWS], &[WeightUse::MulMat]) { PROBE_ROWS } else { dims[1] };
     let bytes = size / dims[1] as u64 * rows as u64;
     let mut data = vec![0u8; bytes as usize];
@@ -264,10 +265,12 @@ fn columns_agree_in(buft: BufferType, decode: &Backend, counts: &[usize], file: 
     w.write(0, &data);
     let what = format!("{} for {} weights {} wide", buft.name(), ty.name(), dims[0]);
     let max = counts.iter().max().copied().unwrap_or(1);
-    Ok(match ext::mul_mat_columns_agree(decode, &w, counts) {
-        Ok(()) => (true, format!("{what}: kept for batch-invariant decode (each of up to {max} columns has the bits it has alone)")),
-        Err(Some(n)) => (false, format!("{what}: not used for batch-invariant decode ({n} columns together round differently from each alone)")),
-        Err(None) => (false, format!("{what}: not used for batch-invariant decode (the check could not run)")),
+    let verdict = ext::mul_mat_columns_agree(decode, &w, counts);
+    let took = format!("checked in {} ms", started.elapsed().as_millis());
+    Ok(match verdict {
+        Ok(()) => (true, format!("{what}: kept for batch-invariant decode (each of up to {max} columns has the bits it has alone; {took})")),
+        Err(Some(n)) => (false, format!("{what}: not used for batch-invariant decode ({n} columns together round differently from each alone; {took})")),
+        Err(None) => (false, format!("{what}: not used for batch-invariant decode (the check could not run; {took})")),
     })
 }
 

@@ -287,7 +287,8 @@ pub struct MatrixOptions {
     pub threads: usize,
     pub steps: usize,
     pub reps: usize,
-    pub prefill: usize,
+    /// Prompt lengths of the prefill figures (none: no prefill).
+    pub prefill: Vec<usize>,
     /// Which of frigg's CPU decode kernels to time: batch-invariant (true) and/or batched GEMM (false).
     pub kernels: Vec<bool>,
     /// Also time llama.cpp's hrm_text on the same file and cell, alternated rep by rep.
@@ -307,17 +308,33 @@ pub struct LlamaCell {
     /// frigg / llama.cpp decode per alternated pair, and their median.
     pub decode_ratios: Vec<f64>,
     pub decode_ratio_median: f64,
-    pub prefill_tok_s: Vec<f64>,
-    /// NaN (JSON null) when the run had no prefill column.
-    #[serde(deserialize_with = "null_as_nan")]
-    pub prefill_median: f64,
-    #[serde(deserialize_with = "null_as_nan")]
-    pub prefill_ratio_median: f64,
 }
 
-/// serde_json writes a NaN median (no repetitions: `--prefill 0`) as null; read it back as NaN.
+/// serde_json writes a NaN median (no repetitions) as null; read it back as NaN.
 fn null_as_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// One prompt length's prefill: frigg's PrefixLM forward per repetition (tok/s) and, with
+/// `--vs llama.cpp`, llama.cpp's causal one alternated with it.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct PrefillFigures {
+    pub tokens: usize,
+    pub tok_s: Vec<f64>,
+    #[serde(deserialize_with = "null_as_nan")]
+    pub median: f64,
+    #[serde(default)]
+    pub llama: Option<LlamaPrefill>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct LlamaPrefill {
+    pub tok_s: Vec<f64>,
+    #[serde(deserialize_with = "null_as_nan")]
+    pub median: f64,
+    /// frigg / llama.cpp per alternated pair, median.
+    #[serde(deserialize_with = "null_as_nan")]
+    pub ratio_median: f64,
 }
 
 /// One cell: decode of `batch` sequences that already hold `context` positions.
@@ -336,10 +353,9 @@ pub struct MatrixCell {
     /// Aggregate decode tok/s (batch × steps / time) per repetition, and their median.
     pub decode_tok_s: Vec<f64>,
     pub decode_median: f64,
-    pub prefill_tokens: usize,
-    pub prefill_tok_s: Vec<f64>,
-    #[serde(deserialize_with = "null_as_nan")]
-    pub prefill_median: f64,
+    /// Per (model, KV type, kernels), so the same on each of its cells; in `--prefill` order.
+    #[serde(default)]
+    pub prefill: Vec<PrefillFigures>,
     pub load_before: f64,
     pub load_after: f64,
     /// Graph builds, allocations and reuse over the timed steps (after one warm-up step):
@@ -361,9 +377,9 @@ pub struct MatrixCell {
 impl MatrixCell {
     pub fn markdown_header(vs_llama: bool) -> &'static str {
         if vs_llama {
-            "| file | frigg's weights in | decode kernels | threads | KV | in 2 MiB pages | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range) | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "| file | frigg's weights in | decode kernels | threads | KV | in 2 MiB pages | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range), by prompt tokens | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         } else {
-            "| file | weights in | decode kernels | threads | KV | in 2 MiB pages | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range) | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "| file | weights in | decode kernels | threads | KV | in 2 MiB pages | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range), by prompt tokens | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|"
         }
     }
 
@@ -377,7 +393,15 @@ impl MatrixCell {
                 format!("{lo:.2}–{hi:.2}")
             }
         };
-        let prefill = |median: f64, v: &[f64]| if self.prefill_tokens > 0 { format!("{median:.1} ({})", range(v)) } else { "–".into() };
+        // One line per prompt length, "128: 15.8 (15.55–16.75)"; "–" without a prefill.
+        let per_length = |f: &dyn Fn(&PrefillFigures) -> Option<String>| {
+            let lines: Vec<String> = self.prefill.iter().filter_map(|p| f(p).map(|x| format!("{}: {x}", p.tokens))).collect();
+            if lines.is_empty() {
+                "–".into()
+            } else {
+                lines.join("<br>")
+            }
+        };
         let head = format!(
             "| {file} | {} | {} | {} | {} | {} | {} | {} | **{:.2}** ({}) |",
             if self.weights.is_empty() { "–" } else { &self.weights },
@@ -393,15 +417,15 @@ impl MatrixCell {
         let temp = self.gpu_temp_c.map(|[a, b]| format!(" · GPU {a:.0} → {b:.0} °C")).unwrap_or_default();
         let tail = format!(" {:.2} → {:.2}{temp} |", self.load_before, self.load_after);
         match &self.llama {
-            None => format!("{head} {} |{tail}", prefill(self.prefill_median, &self.prefill_tok_s)),
+            None => format!("{head} {} |{tail}", per_length(&|p| Some(format!("{:.1} ({})", p.median, range(&p.tok_s))))),
             Some(l) => format!(
                 "{head} {:.2} ({}) | **{:.2}×** | {} | {} | {} |{tail}",
                 l.decode_median,
                 range(&l.decode_tok_s),
                 l.decode_ratio_median,
-                prefill(self.prefill_median, &self.prefill_tok_s),
-                prefill(l.prefill_median, &l.prefill_tok_s),
-                if self.prefill_tokens > 0 { format!("{:.2}×", l.prefill_ratio_median) } else { "–".into() },
+                per_length(&|p| Some(format!("{:.1} ({})", p.median, range(&p.tok_s)))),
+                per_length(&|p| p.llama.as_ref().map(|q| format!("{:.1} ({})", q.median, range(&q.tok_s)))),
+                per_length(&|p| p.llama.as_ref().map(|q| format!("{:.2}×", q.ratio_median))),
             ),
         }
     }
@@ -432,7 +456,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
     let mut cells = vec![];
     let max_batch = o.batches.iter().copied().max().unwrap_or(1);
     let max_ctx = o.contexts.iter().copied().max().unwrap_or(0) + o.steps * (o.reps + 1) + 2;
-    let n_ctx = max_ctx.max(o.prefill + 2);
+    let n_ctx = max_ctx.max(o.prefill.iter().copied().max().unwrap_or(0) + 2);
     for m in &o.models {
         for &kv in &o.kv_types {
             let mut peer = if o.vs_llama {
@@ -453,22 +477,28 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                 let eopts = EngineOptions { threads: o.threads, n_ctx, n_stream: max_batch, kv_type: kv, batch_invariant: invariant, gpu: o.gpu, ..o.levers.clone() };
                 let mut e = Engine::load(m, &eopts).map_err(|e| e.to_string())?;
                 let n_vocab = e.hparams().n_vocab;
-                let (mut prefill, mut llama_prefill) = (vec![], vec![]);
-                if o.prefill > 0 {
-                    let prompt = prompt_ids(o.prefill, n_vocab);
+                let mut prefill = vec![];
+                for &tokens in o.prefill.iter().filter(|&&t| t > 0) {
+                    let prompt = prompt_ids(tokens, n_vocab);
                     let ones = vec![1; prompt.len()];
+                    let (mut frigg_tok_s, mut llama_tok_s) = (vec![], vec![]);
                     for _ in 0..o.reps {
                         let t0 = Instant::now();
                         e.prefill(StreamId(0), TokenId::slice(&prompt), Some(&ones), Rows::Last).map_err(|e| e.to_string())?;
-                        prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
+                        frigg_tok_s.push(tokens as f64 / t0.elapsed().as_secs_f64());
                         e.release(StreamId(0));
                         if let Some(p) = peer.as_mut() {
                             p.clear();
                             let t0 = Instant::now();
                             p.decode(&prompt).map_err(|e| format!("llama.cpp: {e}"))?;
-                            llama_prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
+                            llama_tok_s.push(tokens as f64 / t0.elapsed().as_secs_f64());
                         }
                     }
+                    let llama = peer.as_ref().map(|_| {
+                        let ratios: Vec<f64> = frigg_tok_s.iter().zip(&llama_tok_s).map(|(a, b)| a / b).collect();
+                        LlamaPrefill { median: median(&llama_tok_s), tok_s: llama_tok_s, ratio_median: median(&ratios) }
+                    });
+                    prefill.push(PrefillFigures { tokens, median: median(&frigg_tok_s), tok_s: frigg_tok_s, llama });
                 }
                 for &ctx in &o.contexts {
                     if let Some(p) = peer.as_mut() {
@@ -519,16 +549,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         }
                         let llama = peer.as_ref().map(|_| {
                             let ratios: Vec<f64> = runs.iter().zip(&llama_runs).map(|(a, b)| a / b).collect();
-                            let prefill_ratios: Vec<f64> = prefill.iter().zip(&llama_prefill).map(|(a, b)| a / b).collect();
-                            LlamaCell {
-                                decode_median: median(&llama_runs),
-                                decode_tok_s: llama_runs,
-                                decode_ratio_median: median(&ratios),
-                                decode_ratios: ratios,
-                                prefill_median: median(&llama_prefill),
-                                prefill_tok_s: llama_prefill.clone(),
-                                prefill_ratio_median: median(&prefill_ratios),
-                            }
+                            LlamaCell { decode_median: median(&llama_runs), decode_tok_s: llama_runs, decode_ratio_median: median(&ratios), decode_ratios: ratios }
                         });
                         let cell = MatrixCell {
                             model: m.display().to_string(),
@@ -541,9 +562,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                             steps: o.steps,
                             decode_median: median(&runs),
                             decode_tok_s: runs,
-                            prefill_tokens: o.prefill,
-                            prefill_median: median(&prefill),
-                            prefill_tok_s: prefill.clone(),
+                            prefill: prefill.clone(),
                             load_before,
                             load_after: loadavg(),
                             graphs_timed: Some(e.graph_stats().since(&graphs_before)),
@@ -566,11 +585,8 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
 mod tests {
     use super::*;
 
-    /// `bench matrix --prefill 0` leaves the prefill medians NaN, which serde_json writes as
-    /// null; `bench render` must read such a report back (it once refused it).
-    #[test]
-    fn a_matrix_report_without_prefill_reads_back() {
-        let cell = MatrixCell {
+    fn cell(prefill: Vec<PrefillFigures>) -> MatrixCell {
+        MatrixCell {
             model: "m.gguf".into(),
             kernels: "batched GEMM".into(),
             weights: "CPU 1.00 GiB (112 q8_0)".into(),
@@ -581,30 +597,46 @@ mod tests {
             steps: 8,
             decode_tok_s: vec![1.0, 2.0, 3.0],
             decode_median: 2.0,
-            prefill_tokens: 0,
-            prefill_tok_s: vec![],
-            prefill_median: median(&[]),
+            prefill,
             load_before: 0.0,
             load_after: 0.0,
             graphs_timed: None,
             machine: machine(),
-            llama: Some(LlamaCell {
-                decode_tok_s: vec![1.0],
-                decode_median: 1.0,
-                decode_ratios: vec![2.0],
-                decode_ratio_median: 2.0,
-                prefill_tok_s: vec![],
-                prefill_median: median(&[]),
-                prefill_ratio_median: median(&[]),
-            }),
+            llama: Some(LlamaCell { decode_tok_s: vec![1.0], decode_median: 1.0, decode_ratios: vec![2.0], decode_ratio_median: 2.0 }),
             huge_page_mib: None,
             gpu_temp_c: None,
+        }
+    }
+
+    /// Each prompt length gets its own line in each prefill column, in `--prefill` order, and
+    /// the report reads back to the same row.
+    #[test]
+    fn a_matrix_row_shows_every_prefill_length() {
+        let figures = |tokens, f: f64, l: f64| PrefillFigures {
+            tokens,
+            tok_s: vec![f, f + 1.0],
+            median: f,
+            llama: Some(LlamaPrefill { tok_s: vec![l], median: l, ratio_median: f / l }),
         };
-        let text = serde_json::to_string(&[&cell]).unwrap();
-        assert!(text.contains("\"prefill_median\":null"), "{text}");
+        let c = cell(vec![figures(128, 16.0, 15.0), figures(512, 12.0, 16.0)]);
+        let row = c.markdown_row();
+        assert!(row.contains("| 128: 16.0 (16.00–17.00)<br>512: 12.0 (12.00–13.00) | 128: 15.0 (15.00–15.00)<br>512: 16.0 (16.00–16.00) | 128: 1.07×<br>512: 0.75× |"), "{row}");
+        let back: Vec<MatrixCell> = serde_json::from_str(&serde_json::to_string(&[&c]).unwrap()).unwrap();
+        assert_eq!(back[0].markdown_row(), row);
+    }
+
+    /// Without a prefill the columns read "–"; a median of no repetitions (NaN, written as
+    /// null) reads back.
+    #[test]
+    fn a_matrix_report_without_prefill_reads_back() {
+        let c = cell(vec![]);
+        assert!(c.markdown_row().contains("| – | – | – |"), "{}", c.markdown_row());
+        let empty = cell(vec![PrefillFigures { tokens: 128, tok_s: vec![], median: median(&[]), llama: None }]);
+        let text = serde_json::to_string(&[&empty]).unwrap();
+        assert!(text.contains("\"median\":null"), "{text}");
         let back: Vec<MatrixCell> = serde_json::from_str(&text).unwrap();
-        assert!(back[0].prefill_median.is_nan() && back[0].llama.as_ref().unwrap().prefill_ratio_median.is_nan());
-        assert_eq!(back[0].markdown_row(), cell.markdown_row());
+        assert!(back[0].prefill[0].median.is_nan());
+        assert_eq!(back[0].markdown_row(), empty.markdown_row());
     }
 }
 
