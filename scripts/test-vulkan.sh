@@ -47,14 +47,16 @@ for t in "${tests[@]}"; do exe[${t%% *}]="${t#* }"; done
 venv="${FRIGG_TEST_VENV:-$root/venv-test}"
 [ -x "$venv/bin/python" ] || { echo "test-vulkan: no test venv at $venv (scripts/test.sh makes it)" >&2; exit 1; }
 
-report="$(mktemp -d)"
-trap 'rm -rf "$report"' EXIT
-# Processes die inside Mesa 22.3's lavapipe (Debian bookworm) now and then — SIGSEGV in a lavapipe
-# worker, or glibc's "corrupted double-linked list" in vkCmdBindDescriptorSets/PushConstants —
-# more often with f32 shaders and with more engines per process (docs/parity.md, "On a GPU
-# device"). Each check therefore runs in its own process, a process killed by a signal is run
-# again, at most four times, and every such crash is counted in the report. A test that fails is
-# never run again.
+# Every log of this run stays here (the pytest log names a failed test's assertion).
+report="$CARGO_TARGET_DIR/test-vulkan-report"
+rm -rf "$report"
+mkdir -p "$report"
+# Mesa 22.3's lavapipe (Debian bookworm's own) killed processes now and then — SIGSEGV in a
+# lavapipe worker, or glibc's "corrupted double-linked list" in vkCmdBindDescriptorSets —
+# (docs/parity.md, "On a GPU device"); bootstrap's Mesa 25.0 has not, so far. Each check still
+# runs in its own process, and a process killed by a signal is run again, at most four times,
+# every such crash counted in the report, so that a lavapipe crash is told from a test failure
+# and seen. A test that fails is never run again.
 crashes=0
 suite_failed=0
 # run LOG CMD...: runs CMD (appending to LOG); retries a signal death; fails on a test failure.
@@ -111,4 +113,4 @@ for shaders in ${FRIGG_VK_SHADERS:-f32 f16}; do
 done
 echo "$crashes" >"$report/crashes"
 python3 scripts/vulkan_report.py "$report" --build-seconds "$build_s" --full "$full" --frigg "$frigg" --out docs/bench/vulkan-check.json
-((suite_failed == 0)) || { echo "test-vulkan: the server suite failed on the device (docs/bench/vulkan-check.json names the tests)" >&2; exit 1; }
+((suite_failed == 0)) || { echo "test-vulkan: the server suite failed on the device (docs/bench/vulkan-check.json names the tests; the log: $report/server-*.log)" >&2; exit 1; }

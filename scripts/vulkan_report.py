@@ -123,10 +123,6 @@ def render(r: dict, md_path: pathlib.Path, json_path: str) -> None:
     if skipped:
         lines += ["", "Left out on the device, with the reason each test gives:", ""]
         lines += [f"- `{t}`: {why}" for t, why in sorted(skipped.items())]
-    not_run = {(x["tier"], x["fixture"]): x["why"] for run in r["runs"].values() for x in (run["device_tests"] or {}).get("not_run", [])}
-    if not_run:
-        lines += ["", "Tiers not run on the device:", ""]
-        lines += [f"- {t} on {f}: {why}" for (t, f), why in sorted(not_run.items())]
     lines.append(end)
     a, b = doc.index(begin), doc.index(end) + len(end)
     md_path.write_text(doc[:a] + "\n".join(lines) + doc[b:])

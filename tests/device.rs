@@ -5,7 +5,8 @@
 //!
 //! Two shader precisions: `GGML_VK_DISABLE_F16=1` makes ggml-vulkan compute in f32; without it
 //! the device's f16 arithmetic runs, as on a GPU. Each bound below is twice the worst value
-//! measured on lavapipe in that mode (docs/parity.md), as the CPU tiers' are.
+//! measured on lavapipe in that mode, Mesa 22.3 and 25.0 (docs/parity.md), rounded up, as the
+//! CPU tiers' are.
 #![cfg(any(feature = "vulkan", feature = "cuda", feature = "metal"))]
 
 mod common;
@@ -22,10 +23,11 @@ const EPS: f32 = 1e-3;
 const WIDE_Q4_K: (f32, f32) = (0.15, 0.17);
 const WIDE_Q8_0_KV_Q8_0: (f32, f32) = (0.12, 0.13);
 /// A sequence alone vs beside three others on the device: not bit for bit (ggml-vulkan picks its
-/// matmul and attention shaders by the number of rows); 2× the measured difference.
+/// matmul and attention shaders by the number of rows); 2× the measured difference (f16
+/// shaders: 3.5e-4 on Mesa 25.0; f32 shaders: 3.2e-6).
 fn batch_bound() -> f32 {
     if f16_shaders() {
-        5e-4
+        8e-4
     } else {
         1e-5
     }
@@ -46,22 +48,14 @@ struct Bound {
     argmax_floor: usize,
 }
 
-/// Fixtures a tier cannot run on the device, and why.
-fn not_on_device(tier: &str, fixture: &str) -> Option<&'static str> {
-    (f16_shaders() && tier == "q4_0" && fixture.starts_with("tiny")).then_some(
-        "with f16 shaders, ggml-vulkan's Q4_0 path crashes lavapipe on the 64-wide fixtures (SIGSEGV in a lavapipe \
-         worker thread, 3 runs of 3 on each; with f32 shaders they run, and so does the 96-wide small-h3l2)",
-    )
-}
-
 /// f16 shaders (the device's fp16 arithmetic, as a GPU runs): 2× the worst measured on lavapipe
-/// over the four fixtures, rounded up (docs/parity.md). f32 weights land near 4e-3 of the
+/// over the four fixtures, rounded up (docs/parity.md). f32 weights land near 5e-3 of the
 /// reference instead of the CPU's 3e-6: activations pass through f16 inside the matmul and
 /// attention shaders (and ggml-vulkan's attention reads an F32 cache as F16).
 const F16_SHADERS: [Bound; 5] = [
-    Bound { tier: "f32", vs_reference: Some(1e-2), vs_cpu: 1e-2, argmax_floor: 18 },
+    Bound { tier: "f32", vs_reference: Some(1.1e-2), vs_cpu: 1.1e-2, argmax_floor: 18 },
     Bound { tier: "f32-kv-f16", vs_reference: Some(1e-2), vs_cpu: 1e-2, argmax_floor: 18 },
-    Bound { tier: "bf16", vs_reference: Some(7e-2), vs_cpu: 5e-2, argmax_floor: 18 },
+    Bound { tier: "bf16", vs_reference: Some(8e-2), vs_cpu: 5e-2, argmax_floor: 18 },
     Bound { tier: "q8_0", vs_reference: Some(0.23), vs_cpu: 0.16, argmax_floor: 15 },
     Bound { tier: "q4_0", vs_reference: None, vs_cpu: 0.2, argmax_floor: 0 },
 ];
@@ -92,7 +86,7 @@ fn report(key: &str, value: serde_json::Value) {
     doc["f16_shaders"] = json!(f16_shaders());
     match &mut doc[key] {
         serde_json::Value::Array(a) => a.push(value),
-        slot if key == "tiers" || key == "not_run" => *slot = json!([value]),
+        slot if key == "tiers" => *slot = json!([value]),
         slot => *slot = value,
     }
     std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
@@ -110,12 +104,6 @@ fn every_tier_on_the_device_stays_within_its_bounds() {
     let mut ran = 0;
     for b in bounds().iter().filter(|b| selected("FRIGG_DEVICE_TIERS", b.tier)) {
         for fixture in FIXTURES.into_iter().filter(|f| selected("FRIGG_DEVICE_FIXTURES", f)) {
-            if let Some(why) = not_on_device(b.tier, fixture) {
-                eprintln!("{} {fixture}: not run on the device: {why}", b.tier);
-                report("not_run", json!({"tier": b.tier, "fixture": fixture, "why": why}));
-                ran += 1;
-                continue;
-            }
             ran += 1;
             let goldens = fixtures().join("goldens").join(format!("{fixture}.jsonl"));
             let r: TierReport = run_tier(&ckpt(fixture), &goldens, tier(b.tier).unwrap(), EPS, 1, true).unwrap();

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 /// The machine a figure was measured on.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Machine {
     pub cpu: String,
     pub cores: usize,
