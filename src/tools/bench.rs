@@ -51,6 +51,11 @@ pub struct CompareReport {
     pub median_llama: Timing,
 }
 
+/// `a[i] / b[i]` for each alternated pair of repetitions.
+fn pair_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(x, y)| x / y).collect()
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -402,6 +407,7 @@ impl MatrixCell {
                 lines.join("<br>")
             }
         };
+        let frigg_prefill = per_length(&|p| Some(format!("{:.1} ({})", p.median, range(&p.tok_s))));
         let head = format!(
             "| {file} | {} | {} | {} | {} | {} | {} | {} | **{:.2}** ({}) |",
             if self.weights.is_empty() { "–" } else { &self.weights },
@@ -417,13 +423,13 @@ impl MatrixCell {
         let temp = self.gpu_temp_c.map(|[a, b]| format!(" · GPU {a:.0} → {b:.0} °C")).unwrap_or_default();
         let tail = format!(" {:.2} → {:.2}{temp} |", self.load_before, self.load_after);
         match &self.llama {
-            None => format!("{head} {} |{tail}", per_length(&|p| Some(format!("{:.1} ({})", p.median, range(&p.tok_s))))),
+            None => format!("{head} {frigg_prefill} |{tail}"),
             Some(l) => format!(
                 "{head} {:.2} ({}) | **{:.2}×** | {} | {} | {} |{tail}",
                 l.decode_median,
                 range(&l.decode_tok_s),
                 l.decode_ratio_median,
-                per_length(&|p| Some(format!("{:.1} ({})", p.median, range(&p.tok_s)))),
+                frigg_prefill,
                 per_length(&|p| p.llama.as_ref().map(|q| format!("{:.1} ({})", q.median, range(&q.tok_s)))),
                 per_length(&|p| p.llama.as_ref().map(|q| format!("{:.2}×", q.ratio_median))),
             ),
@@ -495,8 +501,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                         }
                     }
                     let llama = peer.as_ref().map(|_| {
-                        let ratios: Vec<f64> = frigg_tok_s.iter().zip(&llama_tok_s).map(|(a, b)| a / b).collect();
-                        LlamaPrefill { median: median(&llama_tok_s), tok_s: llama_tok_s, ratio_median: median(&ratios) }
+                        LlamaPrefill { median: median(&llama_tok_s), ratio_median: median(&pair_ratios(&frigg_tok_s, &llama_tok_s)), tok_s: llama_tok_s }
                     });
                     prefill.push(PrefillFigures { tokens, median: median(&frigg_tok_s), tok_s: frigg_tok_s, llama });
                 }
@@ -548,7 +553,7 @@ pub fn matrix(o: &MatrixOptions, mut on_cell: impl FnMut(&MatrixCell)) -> Result
                             }
                         }
                         let llama = peer.as_ref().map(|_| {
-                            let ratios: Vec<f64> = runs.iter().zip(&llama_runs).map(|(a, b)| a / b).collect();
+                            let ratios = pair_ratios(&runs, &llama_runs);
                             LlamaCell { decode_median: median(&llama_runs), decode_tok_s: llama_runs, decode_ratio_median: median(&ratios), decode_ratios: ratios }
                         });
                         let cell = MatrixCell {
@@ -768,7 +773,7 @@ pub fn grammar(o: &GrammarOptions) -> Result<Vec<GrammarCell>, String> {
             let t = sampler.sample_allowed(&mut fake.clone(), |t| con.allows(t)).map(|x| x.token).unwrap_or(0);
             c.consume(t)?;
         }
-        let ratios: Vec<f64> = constrained.iter().zip(&free).map(|(c, f)| c / f).collect();
+        let ratios = pair_ratios(&constrained, &free);
         cells.push(GrammarCell {
             model: o.model.display().to_string(),
             schema: o.schema_name.clone(),
