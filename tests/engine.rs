@@ -332,28 +332,37 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
 }
 
 /// Weights in the CPU's extra buffer types (wherever ggml's supports_op takes them: repacked
-/// Q4_0/Q4_K blocks on AVX2 and NEON, AMX tiles on Xeons) decode like the same weights in plain
-/// memory, within a bound: the repacked kernels quantize the activations to Q8_0 in their own
-/// interleaved blocks and sum in another order, which the 8 stack runs per token amplify
-/// (Q4_0 on tiny-packed: measured 2.5e-2 on an AMD EPYC Zen 4, AVX-512; bound 2×). The tiny
-/// shapes are not multiples of 256, so its Q4K file holds Q8_0 (no extra buffer on x86): that
-/// case checks only that nothing moves. Batch invariance on these placements is
+/// Q4_0/Q4_K blocks on AVX2 and NEON, AMX tiles on Xeons) decode as accurately as the same
+/// weights in plain memory: their kernels quantize the activations in their own blocks and sum
+/// in another order, so the two placements differ, but each is as far from the F32 weights'
+/// decode as the other, and closer to each other than either is to it. Measured (tiny-packed,
+/// 8 stack runs per token amplify every rounding): Q4_0 repacked on an AMD EPYC Zen 4
+/// (AVX-512) 2.5e-2 from plain; Q8_0 in AMX tiles on an Intel Xeon (AMX-INT8) 5.3e-2 from
+/// plain, 0.106 from F32 against plain's 0.102. Bounds: placed within 1.25× plain's distance
+/// from F32 (plus 1e-3 for a type that rounds almost nothing), and placed-vs-plain under
+/// plain's own distance from F32. The tiny shapes are not multiples of 256, so its Q4K file
+/// holds Q8_0. Batch invariance on these placements is
 /// `batched_decode_equals_single_stream_bit_for_bit`.
 #[test]
 fn extra_buffer_placement_keeps_the_logits() {
     let dir = tempfile::tempdir().unwrap();
+    // batched kernels: a batch-invariant engine with several streams keeps plain memory
+    let opts = |extra_buffers: bool| EngineOptions { kv_type: KvType::F32, extra_buffers, batch_invariant: false, decode_matmul: KernelChoice::Ggml, decode_attention: KernelChoice::Ggml, ..Default::default() };
+    let f32_gguf = dir.path().join("F32.gguf");
+    convert_to(&ckpt("tiny-packed"), &f32_gguf, OutType::F32);
+    let truth = teacher_forced_decode(&f32_gguf, opts(false));
     for ty in [OutType::Q4_0, OutType::Q4K, OutType::Q8_0] {
         let gguf = dir.path().join(format!("{ty:?}.gguf"));
         convert_to(&ckpt("tiny-packed"), &gguf, ty);
-        // batched kernels: a batch-invariant engine with several streams keeps plain memory
-        let opts = |extra_buffers: bool| EngineOptions { kv_type: KvType::F32, extra_buffers, batch_invariant: false, decode_matmul: KernelChoice::Ggml, decode_attention: KernelChoice::Ggml, ..Default::default() };
         let plain = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 4, ..opts(false) }).unwrap();
         let placed = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 4, ..opts(true) }).unwrap();
         eprintln!("{ty:?}: plain: {} · placed: {}", plain.model.placement(), placed.model.placement());
         assert!(!plain.model.placement().contains("REPACK") && !plain.model.placement().contains("AMX"), "extra_buffers off: {}", plain.model.placement());
-        let d = max_abs_diff(&teacher_forced_decode(&gguf, opts(false)), &teacher_forced_decode(&gguf, opts(true)));
-        eprintln!("{ty:?}: max |Δlogit| placed vs plain {d:.2e}");
-        assert!(d <= 5e-2, "{ty:?}: weights in extra buffers change the logits by {d:e}");
+        let (p, q) = (teacher_forced_decode(&gguf, opts(false)), teacher_forced_decode(&gguf, opts(true)));
+        let (d, d_plain, d_placed) = (max_abs_diff(&p, &q), max_abs_diff(&p, &truth), max_abs_diff(&q, &truth));
+        eprintln!("{ty:?}: max |Δlogit| placed vs plain {d:.2e}; from the F32 weights: plain {d_plain:.2e}, placed {d_placed:.2e}");
+        assert!(d_placed <= 1.25 * d_plain + 1e-3, "{ty:?}: weights in extra buffers are {d_placed:e} from the F32 weights' logits, plain {d_plain:e}");
+        assert!(d <= d_plain.max(1e-3), "{ty:?}: weights in extra buffers change the logits by {d:e}, more than the type's own rounding ({d_plain:e})");
     }
 }
 
