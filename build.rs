@@ -28,6 +28,15 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|x| x == "c"))
         .collect();
     println!("cargo:rerun-if-changed=ggml-ext");
+    // The kernels' source, for the kernel-timing cache key: a build from an uncommitted tree has
+    // its commit's name but may time different kernels.
+    let mut files: Vec<PathBuf> = std::fs::read_dir("ggml-ext").expect("ggml-ext/ exists").map(|e| e.expect("readable dir entry").path()).collect();
+    files.sort();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for f in &files {
+        std::hash::Hash::hash(&std::fs::read(f).expect("readable ggml-ext file"), &mut hasher);
+    }
+    println!("cargo:rustc-env=FRIGG_EXT_SOURCE={:016x}", std::hash::Hasher::finish(&hasher));
 
     cc::Build::new()
         .files(&sources)

@@ -129,7 +129,9 @@ struct ggml_tensor * hrm_decode_attention(struct ggml_context * ctx, struct ggml
 
 // Decode matmul on the CPU (hrm_matmul.c): W ([K, R]) · x (F32 [K, N], rows contiguous)
 // → F32 [R, N]; each column's result does not depend on N. Q8_0 (N >= 2): every dot product as
-// ggml's AVX2 vec_dot computes it. BF16 (any N): weights widened to F32, activations unrounded.
+// ggml's AVX2 vec_dot computes it, or, for a weight in ggml's AMX buffer type (AVX512-VNNI
+// builds), as ggml's one-column kernel for that layout does. BF16 (any N): weights widened to
+// F32, activations unrounded. Weights in other extra buffer types are not supported.
 // Supported on AVX2 builds only (elsewhere hrm_decode_matmul is ggml_mul_mat).
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x);
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x);

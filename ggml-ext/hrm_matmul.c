@@ -10,9 +10,16 @@
 // Every (row, column) dot product runs the same instructions in the same order as ggml's AVX2
 // vec_dot (one 8-lane accumulator over the blocks, then the same horizontal sum), whatever the
 // number of columns or threads: a stream's result does not depend on its neighbours.
+//
+// Q8_0 weights that ggml placed in AMX tiles (its "AMX" extra buffer type, Xeons with AMX-INT8)
+// are stored in that type's own layout; ggml's matmul on them takes an AVX512-VNNI kernel for one
+// column and AMX tiles for more, whose fixed 32-row blocks make a 4-column decode step cost
+// about half again a 1-column one. hrm_mul_mat_q8_0_amx_op reads the same layout with the
+// one-column kernel's arithmetic for every column, the weights loaded once for all of them.
 
 #include "hrm.h"
 #include "ggml-cpu.h"
+#include "ggml-backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -146,8 +153,133 @@ static void hrm_mul_mat_bf16_op(struct ggml_tensor * dst, int ith, int nth, void
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define HRM_AMX_LAYOUT 1
+
+// ggml's AMX layout for Q8_0 [K, R] (ggml-cpu/amx/mmq.cpp, pack_B; ggml pinned by Cargo.toml,
+// and `amx_decode_matmul_equals_ggml` checks it bit for bit): R/16 tiles of 16 rows, each the
+// K/32 blocks of those rows in order, HRM_AMX_TILE bytes per block:
+//   qs [8][16][4] int8: for each 4-byte group g of the block, rows 0..15's bytes 4g..4g+3
+//   d  [16] F16: each row's block scale
+//   comp [16] int32: 128 * (sum of each row's 32 quants), for the u8·s8 dot products below
+#define HRM_AMX_ROWS 16
+#define HRM_AMX_TILE (HRM_AMX_ROWS * QK + HRM_AMX_ROWS * 2 + HRM_AMX_ROWS * 4)
+#ifndef HRM_AMX_PREFETCH
+#define HRM_AMX_PREFETCH 4
+#endif
+#define HRM_AMX_COLS 8  // columns computed together (registers: 8 accumulators, 8 weight groups)
+
+static int hrm_is_amx_q8_0(const struct ggml_tensor * w) {
+    return w->type == GGML_TYPE_Q8_0 && w->buffer != NULL &&
+           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "AMX") == 0 &&
+           w->ne[0] % QK == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
+}
+
+// 16 rows of one tile × NC columns: per block, (a + 128)·b by vpdpbusd (integer, so the order of
+// the groups does not matter), minus comp, converted to F32 and accumulated as
+// acc = (float) dot * (d_w * d_x) + acc, block by block: ggml's one-column kernel's arithmetic.
+static inline __attribute__((always_inline)) void hrm_amx_tile(
+        const char * tile, int64_t nb, const uint8_t * xu, const float * xd, const int NC, float * out, int64_t out_stride) {
+    __m512 acc[HRM_AMX_COLS];
+    for (int c = 0; c < NC; ++c) {
+        acc[c] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const char * blk = tile + b * HRM_AMX_TILE;
+        for (int l = 0; l < HRM_AMX_TILE; l += 64) {
+            _mm_prefetch(blk + HRM_AMX_PREFETCH * HRM_AMX_TILE + l, _MM_HINT_T0);
+        }
+        __m512i wq[8];
+        for (int g = 0; g < 8; ++g) {
+            wq[g] = _mm512_loadu_si512((const void *) (blk + g * 64));
+        }
+        const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (blk + HRM_AMX_ROWS * QK)));
+        const __m512i comp = _mm512_loadu_si512((const void *) (blk + HRM_AMX_ROWS * QK + HRM_AMX_ROWS * 2));
+        for (int c = 0; c < NC; ++c) {
+            const int32_t * a = (const int32_t *) (xu + (c * nb + b) * QK);
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int g = 0; g < 8; g += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(a[g]), wq[g]);
+                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(a[g + 1]), wq[g + 1]);
+            }
+            const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), comp);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wd, _mm512_set1_ps(xd[c * nb + b])), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        _mm512_storeu_ps(out + c * out_stride, acc[c]);
+    }
+}
+
+// dst [R, N] F32 = userdata (Q8_0 [K, R] in ggml's AMX layout) · src0 (F32 [K, N], contiguous
+// rows). Threads split the tiles. The weight is not a source of the op: ggml's scheduler gives an
+// op reading an extra buffer type only to a backend whose supports_op for that type accepts it,
+// and the AMX type's accepts nothing but its own MUL_MAT; the weight is allocated and constant
+// for the graph's life.
+static void hrm_mul_mat_q8_0_amx_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const struct ggml_tensor * w = userdata;
+    const struct ggml_tensor * x = dst->src[0];
+    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK, n_tiles = R / HRM_AMX_ROWS;
+
+    // every thread quantizes the columns for itself (no barrier inside a custom op), by ggml's
+    // own quantize_row_q8_0 as its AMX matmul does, then adds 128 to each quant for vpdpbusd
+    struct hrm_q8_0 * xq = malloc(sizeof(struct hrm_q8_0) * (size_t) nb);
+    uint8_t * xu = malloc((size_t) (N * nb * QK));
+    float * xd = malloc(sizeof(float) * (size_t) (N * nb));
+    if (xq == NULL || xu == NULL || xd == NULL) {
+        GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
+    }
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    for (int64_t c = 0; c < N; ++c) {
+        quantize((const float *) ((const char *) x->data + c * x->nb[1]), xq, K);
+        for (int64_t b = 0; b < nb; ++b) {
+            xd[c * nb + b] = _cvtsh_ss(xq[b].d);
+            for (int i = 0; i < QK; ++i) {
+                xu[(c * nb + b) * QK + i] = (uint8_t) (xq[b].qs[i] + 128);
+            }
+        }
+    }
+
+    const int64_t out_stride = (int64_t) (dst->nb[1] / sizeof(float));
+    const int64_t t0 = n_tiles * ith / nth, t1 = n_tiles * (ith + 1) / nth;
+    for (int64_t t = t0; t < t1; ++t) {
+        const char * tile = (const char *) w->data + t * nb * HRM_AMX_TILE;
+        for (int64_t c0 = 0; c0 < N; c0 += HRM_AMX_COLS) {
+            const int nc = N - c0 < HRM_AMX_COLS ? (int) (N - c0) : HRM_AMX_COLS;
+            const uint8_t * xuc = xu + c0 * nb * QK;
+            const float * xdc = xd + c0 * nb;
+            float * out = (float *) dst->data + c0 * out_stride + t * HRM_AMX_ROWS;
+            switch (nc) {  // literal column counts: the accumulators stay in registers
+                case 1: hrm_amx_tile(tile, nb, xuc, xdc, 1, out, out_stride); break;
+                case 2: hrm_amx_tile(tile, nb, xuc, xdc, 2, out, out_stride); break;
+                case 3: hrm_amx_tile(tile, nb, xuc, xdc, 3, out, out_stride); break;
+                case 4: hrm_amx_tile(tile, nb, xuc, xdc, 4, out, out_stride); break;
+                case 5: hrm_amx_tile(tile, nb, xuc, xdc, 5, out, out_stride); break;
+                case 6: hrm_amx_tile(tile, nb, xuc, xdc, 6, out, out_stride); break;
+                case 7: hrm_amx_tile(tile, nb, xuc, xdc, 7, out, out_stride); break;
+                default: hrm_amx_tile(tile, nb, xuc, xdc, 8, out, out_stride); break;
+            }
+        }
+    }
+    free(xq);
+    free(xu);
+    free(xd);
+}
+#endif
+
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x) {
     if (!ggml_is_contiguous(w) || x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) || ggml_nrows(x) != x->ne[1]) {
+        return 0;
+    }
+#ifdef HRM_AMX_LAYOUT
+    if (hrm_is_amx_q8_0(w)) {
+        // one column: ggml's own kernel on this layout is this arithmetic
+        return x->ne[1] >= 2;
+    }
+#endif
+    // otherwise only weights in ggml's plain layout: a weight in one of the CPU's other extra
+    // buffer types (repacked blocks) is stored in that type's own layout
+    if (w->buffer == NULL || !ggml_backend_buffer_is_host(w->buffer)) {
         return 0;
     }
     switch (w->type) {
@@ -160,6 +292,11 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
 
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x) {
     struct ggml_tensor * args[2] = { w, x };
+#ifdef HRM_AMX_LAYOUT
+    if (hrm_is_amx_q8_0(w)) {
+        return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_q8_0_amx_op, GGML_N_TASKS_MAX, w);
+    }
+#endif
     ggml_custom_op_t op = w->type == GGML_TYPE_BF16 ? hrm_mul_mat_bf16_op : hrm_mul_mat_q8_0_op;
     return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, op, GGML_N_TASKS_MAX, NULL);
 }

@@ -9,11 +9,8 @@
 int hrm_op_mul_mat_is_extension(const struct hrm_step * step, const struct ggml_tensor * w,
                                 const struct ggml_tensor * x) {
     // decode steps on a CPU take the extension's matmul where it applies (Q8_0 with several
-    // streams, BF16 always: hrm_decode_matmul_supported), and only on weights in ggml's plain
-    // layout: a weight in one of the CPU's extra buffer types (repacked, AMX tiles) is stored
-    // in that type's own layout, which only ggml's matmul reads
-    return !step->first && step->cpu_decode_matmul && w->buffer && ggml_backend_buffer_is_host(w->buffer) &&
-           hrm_decode_matmul_supported(w, x);
+    // streams, BF16 always, and only in a weight layout it reads: hrm_decode_matmul_supported)
+    return !step->first && step->cpu_decode_matmul && hrm_decode_matmul_supported(w, x);
 }
 
 struct ggml_tensor * hrm_op_mul_mat(struct ggml_context * ctx, const struct hrm_step * step,

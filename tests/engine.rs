@@ -305,7 +305,10 @@ fn bf16_decode_matmul_matches_f32_weights() {
 
 /// The extension's Q8_0 decode matmul (ggml-ext/hrm_matmul.c) runs each dot product as ggml's
 /// one-row vec_dot does, so decode with it equals decode with ggml's reference (one-row)
-/// kernels bit for bit, alone and batched. (Builds without AVX2 use ggml_mul_mat for both.)
+/// kernels bit for bit, alone and batched; on a CPU whose ggml puts Q8_0 in AMX tiles, it reads
+/// that layout with the arithmetic of ggml's one-column kernel for it, which again must equal
+/// ggml's matmul on the same weights at every batch size (the log line names the placement).
+/// (Builds without AVX2 use ggml_mul_mat for both.)
 #[test]
 fn decode_matmul_equals_ggml_one_row_kernels() {
     let dir = tempfile::tempdir().unwrap();
@@ -313,6 +316,7 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
     convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
     let run = |ggml: bool| -> Vec<Vec<u32>> {
         let mut e = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 4, kv_type: KvType::F16, batch_invariant: true, decode_matmul: forced(!ggml), ..Default::default() }).unwrap();
+        eprintln!("weights in {}; {}", e.model.placement(), e.kernels().map(|p| p.to_string()).unwrap_or_default());
         let mut next = vec![];
         for (s, p) in prompts().iter().take(4).enumerate() {
             let ones = vec![1; p.len()];

@@ -126,8 +126,11 @@ impl Default for EngineOptions {
 impl EngineOptions {
     /// The decode kernels the environment forces (to measure them one at a time:
     /// scripts/bench-ab.sh): FRIGG_DECODE_ATTENTION=flash|ext|measure,
-    /// FRIGG_DECODE_MATMUL=ggml|ext|measure.
+    /// FRIGG_DECODE_MATMUL=ggml|ext|measure, FRIGG_EXTRA_BUFFERS=0 (every weight in plain memory).
     pub fn levers_from_env(mut self) -> Self {
+        if std::env::var("FRIGG_EXTRA_BUFFERS").is_ok_and(|v| v == "0") {
+            self.extra_buffers = false;
+        }
         if let Some(c) = KernelChoice::from_env("FRIGG_DECODE_ATTENTION", "flash") {
             self.decode_attention = c;
         }
@@ -322,10 +325,11 @@ impl Engine {
                 n_ctx,
                 n_stream: opts.n_stream.max(1),
                 key: format!(
-                    "{} | {} | {} | {} | threads {} | streams {} | invariant {} | kv {}",
+                    "{} | {} | {} | kernels {} | {} | threads {} | streams {} | invariant {} | kv {}",
                     machine.cpu,
                     machine.ggml_cpu.join(" "),
                     crate::long_version(),
+                    env!("FRIGG_EXT_SOURCE"),
                     model.placement(),
                     opts.threads,
                     opts.n_stream.max(1),
