@@ -103,6 +103,26 @@ static void hrm_mul_mat_q8_0_op(struct ggml_tensor * dst, int ith, int nth, void
 // Every decode step takes it, one stream included, so a one-stream and a batched engine agree.
 #define HRM_BF16_STEP 16
 
+#if defined(__AVX512F__)
+// The same two chains in one 16-lane register: lanes 0..7 are the chain of elements k mod 16 < 8,
+// lanes 8..15 the other; adding the halves before the horizontal sum gives the AVX2 code's bits.
+static inline __attribute__((always_inline)) void hrm_bf16_row(
+        const ggml_bf16_t * wr, const float * x, int64_t x_stride, int64_t K, const int NC, float * out) {
+    __m512 acc[HRM_COLS];
+    for (int c = 0; c < NC; ++c) {
+        acc[c] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; k += HRM_BF16_STEP) {
+        const __m512 w = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *) (wr + k))), 16));
+        for (int c = 0; c < NC; ++c) {
+            acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + c * x_stride + k), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        out[c] = hrm_hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[c]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[c]), 1))));
+    }
+}
+#else
 static inline __m256 hrm_bf16x8(const ggml_bf16_t * p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *) p)), 16));
 }
@@ -125,6 +145,7 @@ static inline __attribute__((always_inline)) void hrm_bf16_row(
         out[c] = hrm_hsum(_mm256_add_ps(acc0[c], acc1[c]));
     }
 }
+#endif
 
 // dst [R, N] F32 = src0 (BF16 [K, R]) · src1 (F32 [K, N], contiguous rows). Threads split the rows.
 static void hrm_mul_mat_bf16_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {

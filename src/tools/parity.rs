@@ -204,7 +204,7 @@ pub fn run_tier(ckpt: &std::path::Path, goldens: &std::path::Path, tier: Tier, e
         max_len = max_len.max(case.input_ids.len() + case.max_new + 1);
         pairs.push((case, golden));
     }
-    let eopts = crate::engine::EngineOptions { threads, n_ctx: max_len, n_stream: 1, kv_type: tier.kv, gpu, ..Default::default() };
+    let eopts = crate::engine::EngineOptions { threads, n_ctx: max_len, n_stream: 1, kv_type: tier.kv, gpu, ..crate::engine::EngineOptions::default().levers_from_env() };
     let mut engine = Engine::load(&gguf, &eopts).map_err(|e| e.to_string())?;
     let mut r = TierReport {
         tier: tier.name.into(),
