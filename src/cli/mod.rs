@@ -471,6 +471,9 @@ struct CeilingArgs {
     models: Vec<PathBuf>,
     #[arg(long, value_delimiter = ',', default_value = "512")]
     ctx: Vec<usize>,
+    /// Sequences decoded together (each row: the weights once, every sequence's cache).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batches: Vec<usize>,
     #[arg(long, value_parser = choice::<KvType>(), default_value = "f16")]
     kv_type: KvType,
     /// Bandwidth in GB/s (default: measure it now, as `bench bandwidth` does).
@@ -601,7 +604,10 @@ fn bench_grammar(a: GrammarArgs) -> Result<(), String> {
 }
 
 fn bench_ceiling(a: CeilingArgs) -> Result<(), String> {
-    let CeilingArgs { models, ctx, kv_type, bandwidth, json, markdown } = a;
+    let CeilingArgs { models, ctx, batches, kv_type, bandwidth, json, markdown } = a;
+    if batches.contains(&0) {
+        return Err("--batches: a batch holds at least one sequence".into());
+    }
     let bw = match bandwidth {
         Some(gbs) => gbs * 1e9,
         None => frigg::tools::bench::bandwidth(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), 2 << 30, 5),
@@ -615,19 +621,31 @@ fn bench_ceiling(a: CeilingArgs) -> Result<(), String> {
             m.describe(),
             frigg::tools::bench::loadavg()
         ),
-        "| file | ctx | KV | L stack × passes | H stack × passes | lm_head | KV read | bytes/token | ceiling tok/s |\n|---|---|---|---|---|---|---|---|---|".to_string(),
+        "| file | ctx | KV | batch | L stack × passes | H stack × passes | lm_head | KV read (every sequence) | bytes/step | ceiling tok/s (aggregate) | × batch 1 |\n|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
     ];
     let mut all = vec![];
     let mib = |b: u64| format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64);
     for m in &models {
         for &n in &ctx {
-            let c = frigg::tools::bench::ceiling(m, n, kv_type, bw)?;
-            let file = m.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-            lines.push(format!(
-                "| {file} | {n} | {} | {} × {} | {} × {} | {} | {} | {} | **{:.2}** |",
-                c.kv_type, mib(c.l_stack_bytes), c.l_passes, mib(c.h_stack_bytes), c.h_passes, mib(c.lm_head_bytes), mib(c.kv_bytes), mib(c.total_bytes), c.ceiling_tok_s
-            ));
-            all.push(c);
+            let one = frigg::tools::bench::ceiling(m, n, 1, kv_type, bw)?;
+            for &b in &batches {
+                let c = frigg::tools::bench::ceiling(m, n, b, kv_type, bw)?;
+                let file = m.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                lines.push(format!(
+                    "| {file} | {n} | {} | {b} | {} × {} | {} × {} | {} | {} | {} | **{:.2}** | {:.2}× |",
+                    c.kv_type,
+                    mib(c.l_stack_bytes),
+                    c.l_passes,
+                    mib(c.h_stack_bytes),
+                    c.h_passes,
+                    mib(c.lm_head_bytes),
+                    mib(c.kv_bytes),
+                    mib(c.total_bytes),
+                    c.ceiling_tok_s,
+                    c.ceiling_tok_s / one.ceiling_tok_s
+                ));
+                all.push(c);
+            }
         }
     }
     println!("{}", lines.join("\n"));

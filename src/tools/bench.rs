@@ -233,27 +233,30 @@ pub fn bandwidth(threads: usize, bytes: usize, reps: usize) -> f64 {
     best
 }
 
-/// Bytes one decode step of one sequence must read, by part.
+/// Bytes one decode step of `batch` sequences must read, by part: the weights once, each
+/// sequence's cache.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ceiling {
     pub model: String,
     pub n_ctx: usize,
     pub kv_type: String,
+    pub batch: usize,
     /// One pass of the L stack's weights, and how many passes a token makes.
     pub l_stack_bytes: u64,
     pub l_passes: u64,
     pub h_stack_bytes: u64,
     pub h_passes: u64,
     pub lm_head_bytes: u64,
-    /// K and V of every virtual layer at `n_ctx` positions.
+    /// K and V of every virtual layer at `n_ctx` positions, for all `batch` sequences.
     pub kv_bytes: u64,
     pub total_bytes: u64,
     pub bandwidth_bytes_s: f64,
-    /// bandwidth / total: the decode tok/s no engine can beat on this machine at this context.
+    /// batch × bandwidth / total: the aggregate decode tok/s no engine can beat on this machine
+    /// at this context and batch.
     pub ceiling_tok_s: f64,
 }
 
-pub fn ceiling(model: &Path, n_ctx: usize, kv: KvType, bandwidth_bytes_s: f64) -> Result<Ceiling, String> {
+pub fn ceiling(model: &Path, n_ctx: usize, batch: usize, kv: KvType, bandwidth_bytes_s: f64) -> Result<Ceiling, String> {
     let g = crate::ggml::gguf::GgufFile::open(model).map_err(|e| e.to_string())?;
     let hp = crate::engine::arch::HParams::from_gguf(&g).map_err(|e| e.to_string())?;
     let tensors = g.tensors();
@@ -264,13 +267,14 @@ pub fn ceiling(model: &Path, n_ctx: usize, kv: KvType, bandwidth_bytes_s: f64) -
     let l_stack_bytes = stack(0..lps);
     let h_stack_bytes = stack(lps..2 * lps);
     let lm_head_bytes = tensors.iter().find(|t| t.name == crate::engine::arch::OUTPUT).or_else(|| tensors.iter().find(|t| t.name == crate::engine::arch::TOKEN_EMBD)).map(|t| t.size).unwrap_or(0);
-    let kv_bytes = hp.kv_bytes(n_ctx as u64, kv.ggml());
+    let kv_bytes = hp.kv_bytes(n_ctx as u64, kv.ggml()) * batch as u64;
     let (l_passes, h_passes) = ((hp.l_cycles * hp.h_cycles) as u64, hp.h_cycles as u64);
     let total = l_stack_bytes * l_passes + h_stack_bytes * h_passes + lm_head_bytes + kv_bytes;
     Ok(Ceiling {
         model: model.display().to_string(),
         n_ctx,
         kv_type: kv.to_string(),
+        batch,
         l_stack_bytes,
         l_passes,
         h_stack_bytes,
@@ -279,7 +283,7 @@ pub fn ceiling(model: &Path, n_ctx: usize, kv: KvType, bandwidth_bytes_s: f64) -
         kv_bytes,
         total_bytes: total,
         bandwidth_bytes_s,
-        ceiling_tok_s: bandwidth_bytes_s / total as f64,
+        ceiling_tok_s: batch as f64 * bandwidth_bytes_s / total as f64,
     })
 }
 
