@@ -5,8 +5,9 @@
 # (the "in 2 MiB pages" column, or "flash attention" in the kernels column).
 #   scripts/bench-ab.sh hugepages FRIGG_HUGE_PAGES 0 1
 #   scripts/bench-ab.sh attention FRIGG_DECODE_ATTENTION flash ext
-# Env: MODEL (default models/mimir-q8_0.gguf), CONTEXTS (default 512,1024), KERNELS (frigg's
-# --kernels, default batched). An idle machine.
+# Env: MODEL (default models/mimir-q8_0.gguf), CONTEXTS (default 512,1024), BATCHES (default
+# 1,4), KERNELS (frigg's --kernels, default batched), PREFILL (prompt tokens, default 0: none).
+# An idle machine.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -19,8 +20,8 @@ for pair in 1 2 3 4; do
     if [ $((pair % 2)) = 1 ]; then order="$off $on"; else order="$on $off"; fi
     for value in $order; do
         f="docs/bench/ab-$key-$pair-$([ "$value" = "$on" ] && echo on || echo off).json"
-        env "$var=$value" $frigg bench matrix "${MODEL:-models/mimir-q8_0.gguf}" --batches 1,4 --contexts "${CONTEXTS:-512,1024}" \
-            --kernels "${KERNELS:-batched}" --threads 2 --steps 8 --reps 3 --prefill 0 --json "$f"
+        env "$var=$value" $frigg bench matrix "${MODEL:-models/mimir-q8_0.gguf}" --batches "${BATCHES:-1,4}" --contexts "${CONTEXTS:-512,1024}" \
+            --kernels "${KERNELS:-batched}" --threads 2 --steps 8 --reps 3 --prefill "${PREFILL:-0}" --json "$f"
         files+=("$f")
     done
 done

@@ -2,8 +2,10 @@
 # frigg vs llama.cpp's own hrm_text, cell by cell, on the full Mimir shape (random weights:
 # scripts/make_mimir_random.py models/mimir-random, then frigg convert to models/mimir-TYPE.gguf).
 # Both in one process on the same file and threads, repetitions alternated frigg, llama.cpp;
-# frigg on ggml's fast (batched GEMM) kernels, as llama.cpp, and on the server's batch-invariant ones. Writes docs/bench/vs-GROUP.json and
-# renders every vs-*.json there into the table in docs/benchmarks.md (bench:vs).
+# frigg on ggml's fast (batched GEMM) kernels, as llama.cpp, and on the server's batch-invariant
+# ones. Writes docs/bench/vs-MACHINE-GROUP.json (MACHINE: the CPU's model name and widest vector
+# extension, e.g. intel-xeon-processor-amx; MACHINE_TAG overrides it), so each CPU keeps its own
+# files, and renders every vs-*.json there into docs/benchmarks.md (bench:vs), one table per CPU.
 #   q8_0: batch 1 and 4, context 512 and 1024;  bf16, q4 (q4_0, q4_k): batch 1 and 4, context 512;
 #   every group: prefill of 128 and of 512 prompt tokens.
 # Usage: scripts/bench-vs.sh [THREADS] [GROUP...]   (default: all three; an otherwise idle machine)
@@ -17,17 +19,27 @@ groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=("${known[@]}")
 frigg=./target/release/frigg
 cargo build --release --locked >/dev/null
+if [ -z "${MACHINE_TAG:-}" ]; then
+    flags=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo | head -n 1) "
+    isa=avx2
+    case "$flags" in *" amx_int8 "*) isa=amx ;; *" avx512f "*) isa=avx512 ;; esac
+    model="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1 | tr 'A-Z' 'a-z' | sed 's/([^)]*)//g; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')"
+    MACHINE_TAG="${model:-cpu}-$isa"
+fi
 common=(--batches 1,4 --kernels batched,invariant --threads "$threads" --steps 8 --reps 3 --prefill 128,512 --vs llama.cpp)
 for g in "${groups[@]}"; do
     case "$g" in
-        q8_0) $frigg bench matrix models/mimir-q8_0.gguf --contexts 512,1024 "${common[@]}" --json docs/bench/vs-q8_0.json ;;
-        bf16) $frigg bench matrix models/mimir-bf16.gguf --contexts 512 "${common[@]}" --json docs/bench/vs-bf16.json ;;
-        q4) $frigg bench matrix models/mimir-q4_0.gguf models/mimir-q4_k.gguf --contexts 512 "${common[@]}" --json docs/bench/vs-q4.json ;;
+        q8_0) $frigg bench matrix models/mimir-q8_0.gguf --contexts 512,1024 "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-q8_0.json" ;;
+        bf16) $frigg bench matrix models/mimir-bf16.gguf --contexts 512 "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-bf16.json" ;;
+        q4) $frigg bench matrix models/mimir-q4_0.gguf models/mimir-q4_k.gguf --contexts 512 "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-q4.json" ;;
         *) echo "unknown group $g (q8_0, bf16, q4)" >&2; exit 2 ;;
     esac
 done
+# every CPU's files, the q8_0 ones first, then bf16, then q4 (the renderer makes one table per
+# CPU, in the order it first meets them)
+shopt -s nullglob
 all=()
 for g in "${known[@]}"; do
-    [ -f "docs/bench/vs-$g.json" ] && all+=("docs/bench/vs-$g.json")
+    all+=(docs/bench/vs-*-"$g".json)
 done
 $frigg bench render --matrix "${all[@]}" --markdown docs/benchmarks.md --key vs
