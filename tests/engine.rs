@@ -436,3 +436,20 @@ fn a_cache_type_the_heads_cannot_hold_is_refused_at_load() {
     let err = Engine::load(&gguf, &EngineOptions { threads: 1, n_ctx: 64, kv_type: KvType::Q8_0, ..Default::default() }).unwrap_err().to_string();
     assert!(err.contains("blocks of 32") && err.contains("16 wide"), "{err}");
 }
+
+/// `bench ceiling` for B sequences: the weights once and B caches, so the B-sequence step's
+/// bytes are one sequence's plus B-1 more caches, and the aggregate ceiling over one sequence's
+/// is B·(one step's bytes)/(the B-sequence step's bytes), whatever the bandwidth.
+#[test]
+fn the_decode_ceiling_of_a_batch_reads_the_weights_once_and_every_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    let one = frigg::tools::bench::ceiling(&gguf, 128, 1, KvType::F16, 1e9).unwrap();
+    let four = frigg::tools::bench::ceiling(&gguf, 128, 4, KvType::F16, 1e9).unwrap();
+    assert!(one.kv_bytes > 0 && four.kv_bytes == 4 * one.kv_bytes);
+    assert_eq!(four.total_bytes, one.total_bytes + 3 * one.kv_bytes);
+    let ratio = four.ceiling_tok_s / one.ceiling_tok_s;
+    let expected = 4.0 * one.total_bytes as f64 / four.total_bytes as f64;
+    assert!((ratio - expected).abs() < 1e-12 && ratio > 1.0 && ratio < 4.0, "ratio {ratio}, expected {expected}");
+}
