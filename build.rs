@@ -22,16 +22,12 @@ fn main() {
 
     let root = PathBuf::from(std::env::var("DEP_LLAMA_ROOT").expect("llama-cpp-sys-2 exports DEP_LLAMA_ROOT"));
     let include = root.join("include");
-    let sources: Vec<PathBuf> = std::fs::read_dir("ggml-ext")
-        .expect("ggml-ext/ exists")
-        .map(|e| e.expect("readable dir entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "c"))
-        .collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir("ggml-ext").expect("ggml-ext/ exists").map(|e| e.expect("readable dir entry").path()).collect();
+    files.sort();
+    let sources: Vec<&PathBuf> = files.iter().filter(|p| p.extension().is_some_and(|x| x == "c")).collect();
     println!("cargo:rerun-if-changed=ggml-ext");
     // The kernels' source, for the kernel-timing cache key: a build from an uncommitted tree has
     // its commit's name but may time different kernels.
-    let mut files: Vec<PathBuf> = std::fs::read_dir("ggml-ext").expect("ggml-ext/ exists").map(|e| e.expect("readable dir entry").path()).collect();
-    files.sort();
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     for f in &files {
         std::hash::Hash::hash(&std::fs::read(f).expect("readable ggml-ext file"), &mut hasher);

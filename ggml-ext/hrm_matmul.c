@@ -43,6 +43,27 @@ static inline float hrm_hsum(__m256 x) {  // ggml's hsum_float_8
     return _mm_cvtss_f32(res);
 }
 
+// Every column of x (F32 [K, N], contiguous rows) as Q8_0 blocks, *xq [N][K/QK], and each
+// block's scale as F32, *xd [N][K/QK]; the caller frees both. By ggml's own quantize_row_q8_0
+// (from_float), as its matmuls quantize their activations. Each thread of a custom op quantizes
+// for itself, as ggml does once for all: no barrier is needed inside the op.
+static void hrm_quantize_columns(const struct ggml_tensor * x, int64_t K, struct hrm_q8_0 ** xq, float ** xd) {
+    const int64_t N = x->ne[1], nb = K / QK;
+    *xq = malloc(sizeof(struct hrm_q8_0) * (size_t) (nb * N));
+    *xd = malloc(sizeof(float) * (size_t) (nb * N));
+    if (*xq == NULL || *xd == NULL) {
+        // ggml ops cannot fail; stale output would be a silent wrong answer
+        GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
+    }
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    for (int64_t c = 0; c < N; ++c) {
+        quantize((const float *) ((const char *) x->data + c * x->nb[1]), *xq + c * nb, K);
+        for (int64_t b = 0; b < nb; ++b) {
+            (*xd)[c * nb + b] = _cvtsh_ss((*xq)[c * nb + b].d);
+        }
+    }
+}
+
 // dst [R, N] F32 = src0 (Q8_0 [K, R]) · src1 (F32 [K, N], contiguous rows). Threads split the rows.
 static void hrm_mul_mat_q8_0_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
@@ -50,21 +71,9 @@ static void hrm_mul_mat_q8_0_op(struct ggml_tensor * dst, int ith, int nth, void
     const struct ggml_tensor * x = dst->src[1];
     const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK;
 
-    // every thread quantizes the columns for itself, as ggml does once for all (from_float is
-    // ggml's own quantize_row_q8_0): no barrier is needed inside a custom op
-    struct hrm_q8_0 * xq = malloc(sizeof(struct hrm_q8_0) * (size_t) (nb * N));
-    float * xd = malloc(sizeof(float) * (size_t) (nb * N));
-    if (xq == NULL || xd == NULL) {
-        // ggml ops cannot fail; stale output would be a silent wrong answer
-        GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
-    }
-    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-    for (int64_t c = 0; c < N; ++c) {
-        quantize((const float *) ((const char *) x->data + c * x->nb[1]), xq + c * nb, K);
-        for (int64_t b = 0; b < nb; ++b) {
-            xd[c * nb + b] = _cvtsh_ss(xq[c * nb + b].d);
-        }
-    }
+    struct hrm_q8_0 * xq;
+    float * xd;
+    hrm_quantize_columns(x, K, &xq, &xd);
 
     const int64_t r0 = R * ith / nth, r1 = R * (ith + 1) / nth;
     for (int64_t r = r0; r < r1; ++r) {
@@ -242,22 +251,17 @@ static void hrm_mul_mat_q8_0_amx_op(struct ggml_tensor * dst, int ith, int nth, 
     const struct ggml_tensor * x = dst->src[0];
     const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK, n_tiles = R / HRM_AMX_ROWS;
 
-    // every thread quantizes the columns for itself (no barrier inside a custom op), by ggml's
-    // own quantize_row_q8_0 as its AMX matmul does, then adds 128 to each quant for vpdpbusd
-    struct hrm_q8_0 * xq = malloc(sizeof(struct hrm_q8_0) * (size_t) nb);
+    // the columns as ggml's AMX matmul quantizes them, each quant + 128 for vpdpbusd
+    struct hrm_q8_0 * xq;
+    float * xd;
+    hrm_quantize_columns(x, K, &xq, &xd);
     uint8_t * xu = malloc((size_t) (N * nb * QK));
-    float * xd = malloc(sizeof(float) * (size_t) (N * nb));
-    if (xq == NULL || xu == NULL || xd == NULL) {
+    if (xu == NULL) {
         GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
     }
-    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-    for (int64_t c = 0; c < N; ++c) {
-        quantize((const float *) ((const char *) x->data + c * x->nb[1]), xq, K);
-        for (int64_t b = 0; b < nb; ++b) {
-            xd[c * nb + b] = _cvtsh_ss(xq[b].d);
-            for (int i = 0; i < QK; ++i) {
-                xu[(c * nb + b) * QK + i] = (uint8_t) (xq[b].qs[i] + 128);
-            }
+    for (int64_t b = 0; b < N * nb; ++b) {
+        for (int i = 0; i < QK; ++i) {
+            xu[b * QK + i] = (uint8_t) (xq[b].qs[i] + 128);
         }
     }
 
