@@ -96,6 +96,8 @@ struct hrm_step {
                         // only (a custom op), F16/F32 caches only (others keep flash attention)
     int32_t cpu_decode_matmul;  // 1: decode steps multiply Q8_0/BF16 weights with hrm_decode_matmul
                         // instead of ggml_mul_mat; CPU backends only (a custom op)
+    int32_t cpu_prefill_attention;  // 1: first forwards attend with hrm_prefill_attention instead
+                        // of ggml_flash_attn_ext; CPU backends only (a custom op), F16/F32 caches
 };
 
 // The step's inputs (filled by the caller before compute) and its output.
@@ -127,6 +129,14 @@ struct ggml_tensor * hrm_decode_attention(struct ggml_context * ctx, struct ggml
                                           struct ggml_tensor * k, struct ggml_tensor * v,
                                           struct ggml_tensor * mask);
 
+// Prefill attention on the CPU (hrm_prefill.c): softmax(q·kᵀ/sqrt(hd) + mask)·v per stream and
+// head, in F32, for every query of a first forward. q [hd, nh, T*S] F32; k, v [hd, nh, n_kv, S]
+// (F16 or F32, rows contiguous); mask F16 [n_kv, T, 1, S]. Returns F32 [hd, nh, T, S], the layout
+// flash attention returns. Supported on AVX2 and AVX-512 builds, head_dim a multiple of 4.
+int hrm_prefill_attention_supported(enum ggml_type kv_type, int head_dim);
+struct ggml_tensor * hrm_prefill_attention(struct ggml_context * ctx, struct ggml_tensor * q, struct ggml_tensor * k,
+                                           struct ggml_tensor * v, struct ggml_tensor * mask);
+
 // Decode matmul on the CPU (hrm_matmul.c): W ([K, R]) · x (F32 [K, N], rows contiguous)
 // → F32 [R, N]; each column's result does not depend on N. Q8_0 (N >= 2): every dot product as
 // ggml's AVX2 vec_dot computes it, or, for a weight in ggml's AMX buffer type (AVX512-VNNI
@@ -147,6 +157,10 @@ double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, 
                                int * used_ext);
 double hrm_time_decode_attention(ggml_backend_t backend, enum ggml_type kv_type, int head_dim, int n_head,
                                  int n_kv, int n_stream, int use_ext, int reps);
+//   prefill attention: one stream of n_tokens queries over its own keys and values (q F32
+//     [hd, nh, n_tokens], k and v [hd, nh, n_tokens, 1] of kv_type, an all-visible mask: a prompt)
+double hrm_time_prefill_attention(ggml_backend_t backend, enum ggml_type kv_type, int head_dim, int n_head,
+                                  int n_tokens, int use_ext, int reps);
 
 // Whether ggml_mul_mat(w, x) on `backend` gives every column the bits it gets alone: for each n in
 // counts, x F32 [w->ne[0], n] (distinct values per column) against each column computed by itself.

@@ -28,10 +28,10 @@ static int cmp_double(const void * a, const void * b) {
 }
 
 // Fills an F32 or F16 input with small values (any data will do: the kernels' cost does not
-// depend on it); other types with zero bytes.
+// depend on it); other types, and a tensor named "zeros" (an all-visible mask), with zero bytes.
 static void fill(struct ggml_tensor * t) {
     const int64_t n = ggml_nelements(t);
-    if (t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16) {
+    if ((t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16) && strcmp(ggml_get_name(t), "zeros") != 0) {
         const size_t es = ggml_type_size(t->type);
         char * buf = malloc((size_t) n * es);
         if (!buf) {
@@ -101,7 +101,7 @@ double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, 
         return -1.0;
     }
     const struct hrm_step step = { .n_tokens = 1, .n_stream = n_cols, .n_kv = 0, .n_out = 0, .first = 0,
-                                   .cpu_decode_attention = 0, .cpu_decode_matmul = use_ext };
+                                   .cpu_decode_attention = 0, .cpu_decode_matmul = use_ext, .cpu_prefill_attention = 0 };
     struct ggml_tensor ** x = malloc(sizeof(*x) * (size_t) n_w);
     if (!x) {
         GGML_ABORT("hrm_calibrate: out of memory for %d inputs", n_w);
@@ -135,7 +135,30 @@ double hrm_time_decode_attention(ggml_backend_t backend, enum ggml_type kv_type,
         ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, 1, 1, n_stream),
     };
     const struct hrm_step step = { .n_tokens = 1, .n_stream = n_stream, .n_kv = n_kv, .n_out = 0, .first = 0,
-                                   .cpu_decode_attention = use_ext, .cpu_decode_matmul = 0 };
+                                   .cpu_decode_attention = use_ext, .cpu_decode_matmul = 0, .cpu_prefill_attention = 0 };
+    double s = -1.0;
+    if (!use_ext || hrm_op_attention_is_extension(&step, in[1], in[2])) {
+        s = time_graph(backend, ctx, hrm_op_attention(ctx, &step, in[0], in[1], in[2], in[3]), in, 4, reps);
+    }
+    ggml_free(ctx);
+    return s;
+}
+
+double hrm_time_prefill_attention(ggml_backend_t backend, enum ggml_type kv_type, int head_dim, int n_head,
+                                  int n_tokens, int use_ext, int reps) {
+    struct ggml_context * ctx = scratch(8);
+    if (!ctx) {
+        return -1.0;
+    }
+    struct ggml_tensor * in[4] = {
+        ggml_new_tensor_3d(ctx, GGML_TYPE_F32, head_dim, n_head, n_tokens),
+        ggml_new_tensor_4d(ctx, kv_type, head_dim, n_head, n_tokens, 1),
+        ggml_new_tensor_4d(ctx, kv_type, head_dim, n_head, n_tokens, 1),
+        ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_tokens, n_tokens, 1, 1),
+    };
+    ggml_set_name(in[3], "zeros");
+    const struct hrm_step step = { .n_tokens = n_tokens, .n_stream = 1, .n_kv = 0, .n_out = 1, .first = 1,
+                                   .cpu_decode_attention = 0, .cpu_decode_matmul = 0, .cpu_prefill_attention = use_ext };
     double s = -1.0;
     if (!use_ext || hrm_op_attention_is_extension(&step, in[1], in[2])) {
         s = time_graph(backend, ctx, hrm_op_attention(ctx, &step, in[0], in[1], in[2], in[3]), in, 4, reps);

@@ -33,14 +33,21 @@ static struct ggml_tensor * hrm_flash_attention(struct ggml_context * ctx, const
 struct ggml_tensor * hrm_op_attention(struct ggml_context * ctx, const struct hrm_step * step,
                                       struct ggml_tensor * q, struct ggml_tensor * k,
                                       struct ggml_tensor * v, struct ggml_tensor * mask) {
-    return hrm_op_attention_is_extension(step, k, v) ? hrm_decode_attention(ctx, q, k, v, mask)
-                                                     : hrm_flash_attention(ctx, step, q, k, v, mask);
+    if (!hrm_op_attention_is_extension(step, k, v)) {
+        return hrm_flash_attention(ctx, step, q, k, v, mask);
+    }
+    return step->first ? hrm_prefill_attention(ctx, q, k, v, mask) : hrm_decode_attention(ctx, q, k, v, mask);
 }
 
 int hrm_op_attention_is_extension(const struct hrm_step * step, const struct ggml_tensor * k,
                                   const struct ggml_tensor * v) {
-    // decode steps (one token per stream, read from the cache) on a CPU take the extension's
-    // attention when the cache type allows it
-    return !step->first && step->cpu_decode_attention && step->n_tokens == 1 && k->type == v->type &&
-           hrm_decode_attention_supported(k->type);
+    // first forwards and decode steps (one token per stream, read from the cache) on a CPU take
+    // the extension's attention when the step asks for it and the cache type allows it
+    if (k->type != v->type) {
+        return 0;
+    }
+    if (step->first) {
+        return step->cpu_prefill_attention && hrm_prefill_attention_supported(k->type, (int) k->ne[0]);
+    }
+    return step->cpu_decode_attention && step->n_tokens == 1 && hrm_decode_attention_supported(k->type);
 }

@@ -453,3 +453,42 @@ fn the_decode_ceiling_of_a_batch_reads_the_weights_once_and_every_cache() {
     let expected = 4.0 * one.total_bytes as f64 / four.total_bytes as f64;
     assert!((ratio - expected).abs() < 1e-12 && ratio > 1.0 && ratio < 4.0, "ratio {ratio}, expected {expected}");
 }
+
+/// The extension's prefill attention (ggml-ext/hrm_prefill.c) against ggml's flash attention on
+/// one prompt's every row of logits. The prompt is 150 tokens (three query blocks, the last one
+/// short), a bidirectional block of 100 then 50 causal tokens, so the extension meets keys open
+/// to a whole block, keys hidden from it and keys open to part of it. At this length both keep
+/// the query and every sum in F32 (flash attention's tiled path), so with an F32 cache they differ
+/// in summation order and the extension's exp polynomial (measured 1.4e-6; bound about 4×).
+/// With an F16 cache each layer rounds its keys and values to F16, where a last-bit difference
+/// upstream can flip a rounding: the two then differ by 5.8e-5, a quarter of the F16 cache's own
+/// distance from the F32-cache run (2.5e-4, the same for both). Bounds: half that distance
+/// between them, and the extension no further from the F32-cache run than flash attention + 25%.
+#[test]
+fn prefill_attention_matches_flash_attention() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("f32.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::F32);
+    let tokens: Vec<u32> = prompts().concat().into_iter().cycle().take(150).collect();
+    let types: Vec<i32> = (0..tokens.len()).map(|i| i32::from(i < 100)).collect();
+    let run = |kv_type: KvType, extension: bool| -> Vec<Vec<Vec<f32>>> {
+        let opts = EngineOptions { threads: 2, n_ctx: 256, kv_type, prefill_attention: forced(extension), ..Default::default() };
+        let mut e = Engine::load(&gguf, &opts).unwrap();
+        assert_eq!(e.kernels().unwrap().prefill_attention.extension, extension && frigg::ggml::ext::prefill_attention_supported(kv_type.ggml(), 16));
+        let rows = e.prefill(StreamId(0), TokenId::slice(&tokens), Some(&types), Rows::All).unwrap();
+        assert_eq!(rows.len(), tokens.len());
+        vec![rows]
+    };
+    let (ours, flash) = (run(KvType::F32, true), run(KvType::F32, false));
+    let d = max_abs_diff(&ours, &flash);
+    eprintln!("F32 cache: max |Δlogit| {d:.2e}");
+    assert!(d > 0.0 || !frigg::ggml::ext::prefill_attention_supported(KvType::F32.ggml(), 16), "the two attentions should not be the same code");
+    assert!(d <= 6e-6, "F32 cache: prefill attention differs from flash attention by {d:e}");
+
+    let truth = flash;
+    let (ours, flash) = (run(KvType::F16, true), run(KvType::F16, false));
+    let (d, d_ours, d_flash) = (max_abs_diff(&ours, &flash), max_abs_diff(&ours, &truth), max_abs_diff(&flash, &truth));
+    eprintln!("F16 cache: max |Δlogit| {d:.2e} between them; from the F32-cache run: extension {d_ours:.2e}, flash {d_flash:.2e}");
+    assert!(d <= 0.5 * d_flash, "F16 cache: the two differ by {d:e}, more than half the cache's own rounding ({d_flash:e})");
+    assert!(d_ours <= 1.25 * d_flash, "F16 cache: the extension ({d_ours:e}) is further than flash attention ({d_flash:e}) from the F32-cache run");
+}

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use frigg::convert::OutType;
-use frigg::engine::{Engine, EngineOptions};
+use frigg::engine::{Engine, EngineOptions, KernelChoice};
 use frigg::engine::KvType;
 use frigg::tools::parity::{compare, run_case, Case, Golden};
 
@@ -21,13 +21,15 @@ const EPS: f32 = 1e-3;
 /// printed (cargo test --test parity -- --nocapture) and recorded in docs/parity.md.
 const F32_TOL: f32 = 1e-3;
 
+/// On both prefill attentions a CPU engine can choose (the extension's where this build has one,
+/// and ggml's flash attention).
 #[test]
 fn f32_tier_matches_transformers_on_every_fixture() {
-    for fixture in ["tiny-packed", "tiny-split", "small-h3l2-packed"] {
+    for (fixture, prefill) in ["tiny-packed", "tiny-split", "small-h3l2-packed"].into_iter().flat_map(|f| [(f, KernelChoice::Ggml), (f, KernelChoice::Extension)]) {
         let dir = tempfile::tempdir().unwrap();
         let gguf = dir.path().join("f32.gguf");
         convert_to(&ckpt(fixture), &gguf, OutType::F32);
-        let opts = EngineOptions { threads: 1, n_ctx: 256, n_stream: 1, kv_type: KvType::F32, ..Default::default() };
+        let opts = EngineOptions { threads: 1, n_ctx: 256, n_stream: 1, kv_type: KvType::F32, prefill_attention: prefill, ..Default::default() };
         let mut engine = Engine::load(&gguf, &opts).unwrap();
         let mut worst = 0f32;
         for (case, golden) in load_cases(fixture) {
@@ -40,7 +42,8 @@ fn f32_tier_matches_transformers_on_every_fixture() {
             assert!(c.greedy_ok(), "{fixture} {}: greedy {:?} vs reference {:?} (judged {} steps)", c.id, r.greedy, golden.greedy, c.greedy_compared);
             assert_eq!(c.verify_agreed, c.verify_judged, "{fixture} {}: verify rows", c.id);
         }
-        eprintln!("f32 tier {fixture}: worst last-row max |Δlogit| {worst:.2e}");
+        let extension = engine.kernels().unwrap().prefill_attention.extension;
+        eprintln!("f32 tier {fixture}, {} prefill attention: worst last-row max |Δlogit| {worst:.2e}", if extension { "frigg's" } else { "ggml's" });
     }
 }
 

@@ -1,5 +1,5 @@
-//! Which decode kernels a CPU engine runs: the extension's (`ggml-ext/hrm_matmul.c`,
-//! `hrm_attn.c`) or ggml's own. Each is timed against the other at load, on the running
+//! Which kernels a CPU engine runs where the extension has its own: decode matmul and attention
+//! (`ggml-ext/hrm_matmul.c`, `hrm_attn.c`) and prefill attention (`hrm_prefill.c`), or ggml's. Each is timed against the other at load, on the running
 //! machine, the loaded weights and the engine's own decode backend and batch sizes; the
 //! extension is kept only where it wins by more than `MARGIN`, else ggml's op runs (it may have
 //! AVX-512, VNNI or AMX code the extension lacks). Timings are cached per machine, ggml build,
@@ -26,8 +26,8 @@ pub enum KernelChoice {
 }
 
 impl KernelChoice {
-    /// From `FRIGG_DECODE_ATTENTION` / `FRIGG_DECODE_MATMUL`: `ext`, `measure`, or ggml's
-    /// (`flash` for attention, `ggml` for matmul).
+    /// From `FRIGG_DECODE_ATTENTION` / `FRIGG_PREFILL_ATTENTION` / `FRIGG_DECODE_MATMUL`: `ext`,
+    /// `measure`, or ggml's (`flash` for attention, `ggml` for matmul).
     pub fn from_env(var: &str, ggml_name: &str) -> Option<KernelChoice> {
         match std::env::var(var).ok()?.as_str() {
             "ext" => Some(KernelChoice::Extension),
@@ -59,11 +59,12 @@ pub struct Decision {
     pub why: String,
 }
 
-/// The engine's decode kernels.
+/// The engine's kernels.
 #[derive(Debug, Clone)]
 pub struct KernelPlan {
     pub matmul: Decision,
     pub attention: Decision,
+    pub prefill_attention: Decision,
     /// Seconds spent timing at load (0 when forced or cached).
     pub timing_s: f64,
 }
@@ -73,11 +74,13 @@ impl std::fmt::Display for KernelPlan {
         let name = |d: &Decision, ext: &str, ggml: &str| if d.extension { ext.to_string() } else { ggml.to_string() };
         write!(
             f,
-            "decode matmul: {} ({}); decode attention: {} ({})",
+            "decode matmul: {} ({}); decode attention: {} ({}); prefill attention: {} ({})",
             name(&self.matmul, "frigg's", "ggml's"),
             self.matmul.why,
             name(&self.attention, "frigg's", "ggml's flash attention"),
-            self.attention.why
+            self.attention.why,
+            name(&self.prefill_attention, "frigg's", "ggml's flash attention"),
+            self.prefill_attention.why
         )?;
         if self.timing_s > 0.0 {
             write!(f, "; timed in {:.2} s", self.timing_s)?;
@@ -88,7 +91,10 @@ impl std::fmt::Display for KernelPlan {
 
 /// What the planner times with.
 pub struct PlanInput<'a> {
+    /// The backend decode steps run on.
     pub backend: &'a Backend,
+    /// The backend first forwards run on.
+    pub prefill_backend: &'a Backend,
     /// Matmul weights of whole layers (every shape and type a decode step multiplies by),
     /// more bytes of them than a CPU caches.
     pub weights: Vec<&'a crate::ggml::compute::Tensor>,
@@ -103,8 +109,20 @@ pub struct PlanInput<'a> {
 
 const REPS: usize = 3;
 
-/// Chooses both kernels: forced ones as given, measured ones by timing (or the cache).
-pub fn plan(input: &PlanInput, matmul: KernelChoice, attention: KernelChoice) -> KernelPlan {
+/// Prompt tokens the prefill attention is timed at (fewer when the context is shorter).
+const PREFILL_TOKENS: usize = 256;
+
+/// The engine's choices, one per op.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KernelChoices {
+    pub decode_matmul: KernelChoice,
+    pub decode_attention: KernelChoice,
+    pub prefill_attention: KernelChoice,
+}
+
+/// Chooses every kernel: forced ones as given, measured ones by timing (or the cache).
+pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
+    let KernelChoices { decode_matmul: matmul, decode_attention: attention, prefill_attention } = choices;
     let t0 = std::time::Instant::now();
     let batches: Vec<usize> = if input.n_stream > 1 { vec![1, input.n_stream] } else { vec![1] };
     let mut cache = Cache::load();
@@ -134,9 +152,19 @@ pub fn plan(input: &PlanInput, matmul: KernelChoice, attention: KernelChoice) ->
             Some(total)
         })
     });
+    let n_tokens = input.n_ctx.clamp(1, PREFILL_TOKENS);
+    let prefill_attention = if !ext::prefill_attention_supported(input.kv_type, input.head_dim) {
+        Decision { extension: false, why: "the extension has no kernel for it here".into() }
+    } else {
+        decide(prefill_attention, || {
+            cache.get_or_time(&format!("prefill attention|{}|{n_tokens}", input.key), |extension| {
+                ext::time_prefill_attention(input.prefill_backend, input.kv_type, input.head_dim, input.n_head, n_tokens, extension, REPS)
+            })
+        })
+    };
     let timing_s = if cache.dirty { t0.elapsed().as_secs_f64() } else { 0.0 };
     cache.save();
-    KernelPlan { matmul, attention, timing_s }
+    KernelPlan { matmul, attention, prefill_attention, timing_s }
 }
 
 fn decide(choice: KernelChoice, time: impl FnOnce() -> Timed) -> Decision {

@@ -104,6 +104,9 @@ pub struct EngineOptions {
     /// Decode matmuls of Q8_0/BF16 weights on a CPU: the extension's (`ggml-ext/hrm_matmul.c`:
     /// one pass over the weights for every stream) or ggml's; by default timed at load.
     pub decode_matmul: KernelChoice,
+    /// Prefill attention (first forwards) on a CPU: the extension's (`ggml-ext/hrm_prefill.c`)
+    /// or ggml's flash attention; by default timed at load.
+    pub prefill_attention: KernelChoice,
 }
 
 impl Default for EngineOptions {
@@ -119,6 +122,7 @@ impl Default for EngineOptions {
             batch_invariant: true,
             decode_attention: KernelChoice::Measure,
             decode_matmul: KernelChoice::Measure,
+            prefill_attention: KernelChoice::Measure,
         }
     }
 }
@@ -126,7 +130,8 @@ impl Default for EngineOptions {
 impl EngineOptions {
     /// The decode kernels the environment forces (to measure them one at a time:
     /// scripts/bench-ab.sh): FRIGG_DECODE_ATTENTION=flash|ext|measure,
-    /// FRIGG_DECODE_MATMUL=ggml|ext|measure, FRIGG_EXTRA_BUFFERS=0 (every weight in plain memory).
+    /// FRIGG_PREFILL_ATTENTION=flash|ext|measure, FRIGG_DECODE_MATMUL=ggml|ext|measure,
+    /// FRIGG_EXTRA_BUFFERS=0 (every weight in plain memory).
     pub fn levers_from_env(mut self) -> Self {
         if std::env::var("FRIGG_EXTRA_BUFFERS").is_ok_and(|v| v == "0") {
             self.extra_buffers = false;
@@ -136,6 +141,9 @@ impl EngineOptions {
         }
         if let Some(c) = KernelChoice::from_env("FRIGG_DECODE_MATMUL", "ggml") {
             self.decode_matmul = c;
+        }
+        if let Some(c) = KernelChoice::from_env("FRIGG_PREFILL_ATTENTION", "flash") {
+            self.prefill_attention = c;
         }
         self
     }
@@ -207,10 +215,11 @@ pub struct Engine {
     graph_size: usize,
     /// Forwards run, when dumping intermediate tensors (the dump's file names count them).
     dumped_forwards: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
-    /// Decode steps use the extension's CPU attention and Q8_0 matmul (`hrm_step`).
+    /// Steps use the extension's CPU decode attention, decode matmul, prefill attention (`hrm_step`).
     cpu_decode_attention: bool,
     cpu_decode_matmul: bool,
-    /// CPU engines: which decode kernels run, and why.
+    cpu_prefill_attention: bool,
+    /// CPU engines: which kernels run, and why.
     kernels: Option<KernelPlan>,
     graphs: GraphStats,
     /// `Graph::signature` of the decode graph after its last run.
@@ -317,6 +326,7 @@ impl Engine {
             let machine = host::machine();
             let input = kernels::PlanInput {
                 backend: &backends[n - 1],
+                prefill_backend: &backends[n - 2],
                 // past any CPU's last-level cache, as a decode step streams them
                 weights: model.layer_matmul_weights(512 << 20),
                 kv_type: opts.kv_type.ggml(),
@@ -337,10 +347,16 @@ impl Engine {
                     opts.kv_type
                 ),
             };
-            kernels::plan(&input, opts.decode_matmul, opts.decode_attention)
+            let choices = kernels::KernelChoices {
+                decode_matmul: opts.decode_matmul,
+                decode_attention: opts.decode_attention,
+                prefill_attention: opts.prefill_attention,
+            };
+            kernels::plan(&input, choices)
         });
         let cpu_decode_attention = kernels.as_ref().is_some_and(|k| k.attention.extension);
         let cpu_decode_matmul = kernels.as_ref().is_some_and(|k| k.matmul.extension);
+        let cpu_prefill_attention = kernels.as_ref().is_some_and(|k| k.prefill_attention.extension);
         if let Some(k) = &kernels {
             tracing::info!("{k}");
         }
@@ -356,6 +372,7 @@ impl Engine {
             dumped_forwards: None,
             cpu_decode_attention,
             cpu_decode_matmul,
+            cpu_prefill_attention,
             kernels,
             graphs: GraphStats::default(),
             decode_signature: None,
@@ -472,6 +489,7 @@ impl Engine {
             first: i32::from(first),
             cpu_decode_attention: i32::from(self.cpu_decode_attention),
             cpu_decode_matmul: i32::from(self.cpu_decode_matmul),
+            cpu_prefill_attention: i32::from(self.cpu_prefill_attention),
         }
     }
 

@@ -261,3 +261,20 @@ pub fn time_decode_attention(backend: &Backend, a: AttentionShape, extension: bo
     let s = unsafe { raw::hrm_time_decode_attention(backend.raw(), a.kv_type.0, a.head_dim as i32, a.n_head as i32, a.n_kv as i32, a.n_stream as i32, i32::from(extension), reps as i32) };
     (s >= 0.0).then_some(s)
 }
+
+/// Whether this build has the extension's prefill attention for a cache of `kv_type` and heads
+/// of `head_dim`.
+pub fn prefill_attention_supported(kv_type: GgmlType, head_dim: usize) -> bool {
+    // SAFETY: a pure function of its arguments.
+    unsafe { raw::hrm_prefill_attention_supported(kv_type.0, head_dim as i32) != 0 }
+}
+
+/// Median seconds of one prefill attention on `backend`: `n_tokens` prompt queries (all visible
+/// to each other) of `n_head` heads over their own keys and values of `kv_type`, by the
+/// extension's kernel or ggml's flash attention; None when the extension has no kernel for the
+/// shape or the op could not run.
+pub fn time_prefill_attention(backend: &Backend, kv_type: GgmlType, head_dim: usize, n_head: usize, n_tokens: usize, extension: bool, reps: usize) -> Option<f64> {
+    // SAFETY: a live backend; the C side makes, allocates and frees every tensor it times.
+    let s = unsafe { raw::hrm_time_prefill_attention(backend.raw(), kv_type.0, head_dim as i32, n_head as i32, n_tokens as i32, i32::from(extension), reps as i32) };
+    (s >= 0.0).then_some(s)
+}

@@ -386,9 +386,9 @@ pub struct MatrixCell {
 impl MatrixCell {
     pub fn markdown_header(vs_llama: bool) -> &'static str {
         if vs_llama {
-            "| file | frigg's weights in | decode kernels | threads | KV | in 2 MiB pages | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range), by prompt tokens | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "| file | frigg's weights in | kernels | threads | KV | in 2 MiB pages | batch | context | frigg decode aggregate tok/s, median (range) | llama.cpp decode (range) | frigg / llama.cpp decode, median of pairs | frigg PrefixLM prefill tok/s (range), by prompt tokens | llama.cpp causal prefill (range) | prefill ratio | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         } else {
-            "| file | weights in | decode kernels | threads | KV | in 2 MiB pages | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range), by prompt tokens | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "| file | weights in | kernels | threads | KV | in 2 MiB pages | batch | context | decode aggregate tok/s, median (range) | prefill tok/s (range), by prompt tokens | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|"
         }
     }
 
@@ -441,8 +441,8 @@ impl MatrixCell {
     }
 }
 
-/// What a matrix row's decode ran on: the device, ggml's kernel set, and which of the decode
-/// kernels the engine chose (the extension's or ggml's, `engine::kernels`).
+/// What a matrix row ran on: the device, ggml's kernel set for decode, and which kernels the
+/// engine chose where the extension has its own (`engine::kernels`).
 fn kernels_label(o: &EngineOptions, plan: Option<&KernelPlan>) -> String {
     if o.gpu {
         return "GPU".into();
@@ -451,6 +451,7 @@ fn kernels_label(o: &EngineOptions, plan: Option<&KernelPlan>) -> String {
     if let Some(p) = plan {
         parts.push(if p.matmul.extension { "frigg matmul" } else { "ggml matmul" });
         parts.push(if p.attention.extension { "frigg attention" } else { "flash attention" });
+        parts.push(if p.prefill_attention.extension { "frigg prefill attention" } else { "flash prefill attention" });
     }
     parts.join(", ")
 }
