@@ -119,36 +119,35 @@ static void hrm_pf_alloc(struct hrm_pf_scratch * s, int64_t hd, int64_t n_kvp) {
     s->cls = (uint8_t *) p;
 }
 
-static inline float hrm_pf_get(const struct ggml_tensor * t, const char * row, int64_t i) {
-    return t->type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(((const ggml_fp16_t *) row)[i]) : ((const float *) row)[i];
+// hd elements of a row (F16 or F32) to F32.
+static void hrm_pf_row(float * dst, const char * row, enum ggml_type type, int64_t hd) {
+    if (type == GGML_TYPE_F32) {
+        memcpy(dst, row, sizeof(float) * (size_t) hd);
+        return;
+    }
+    const ggml_fp16_t * h = (const ggml_fp16_t *) row;
+    int64_t d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (h + d))));
+    }
+    for (; d < hd; ++d) {
+        dst[d] = _cvtsh_ss(h[d]);
+    }
 }
 
-// One head's K to F32 rows and V to F32 columns, padding keys zero.
+// One head's K to F32 rows and V to F32 columns (through s->ot as a row buffer), padding keys zero.
 static void hrm_pf_widen(struct hrm_pf_scratch * s, const struct ggml_tensor * k, const struct ggml_tensor * v,
                          int64_t h, int64_t st, int64_t hd, int64_t n_kv, int64_t n_kvp) {
-    for (int64_t j = 0; j < n_kv; ++j) {
-        const char * kr = (const char *) k->data + h * k->nb[1] + j * k->nb[2] + st * k->nb[3];
-        float * dst = s->k + j * hd;
-        if (k->type == GGML_TYPE_F16) {
-            int64_t d = 0;
-            for (; d + 8 <= hd; d += 8) {
-                _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const ggml_fp16_t *) kr + d))));
-            }
-            for (; d < hd; ++d) {
-                dst[d] = ggml_fp16_to_fp32(((const ggml_fp16_t *) kr)[d]);
-            }
+    for (int64_t j = 0; j < n_kvp; ++j) {
+        if (j < n_kv) {
+            hrm_pf_row(s->k + j * hd, (const char *) k->data + h * k->nb[1] + j * k->nb[2] + st * k->nb[3], k->type, hd);
+            hrm_pf_row(s->ot, (const char *) v->data + h * v->nb[1] + j * v->nb[2] + st * v->nb[3], v->type, hd);
         } else {
-            memcpy(dst, kr, sizeof(float) * (size_t) hd);
+            memset(s->k + j * hd, 0, sizeof(float) * (size_t) hd);
+            memset(s->ot, 0, sizeof(float) * (size_t) hd);
         }
-        const char * vr = (const char *) v->data + h * v->nb[1] + j * v->nb[2] + st * v->nb[3];
         for (int64_t d = 0; d < hd; ++d) {
-            s->vt[d * n_kvp + j] = hrm_pf_get(v, vr, d);
-        }
-    }
-    for (int64_t j = n_kv; j < n_kvp; ++j) {
-        memset(s->k + j * hd, 0, sizeof(float) * (size_t) hd);
-        for (int64_t d = 0; d < hd; ++d) {
-            s->vt[d * n_kvp + j] = 0.0f;
+            s->vt[d * n_kvp + j] = s->ot[d];
         }
     }
 }
