@@ -184,7 +184,8 @@ static void hrm_pf_classify(uint8_t * cls, const struct ggml_tensor * mask, int6
     }
 }
 
-// One block: st and ot as in struct hrm_pf_scratch; returns nothing, writes s->ot.
+// One block of n_q queries from row i0 (s->qt, s->cls and the head's s->k, s->vt filled): scores
+// and then their exps in s->st, the block's output in s->ot.
 static void hrm_pf_block(struct hrm_pf_scratch * s, const struct ggml_tensor * mask, int64_t st_idx, int64_t i0,
                          int64_t n_q, int64_t hd, int64_t n_kvp, float scale) {
     // the groups of HRM_PF_RM keys with a visible key
