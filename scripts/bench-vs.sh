@@ -19,13 +19,7 @@ groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=("${known[@]}")
 frigg=./target/release/frigg
 cargo build --release --locked >/dev/null
-if [ -z "${MACHINE_TAG:-}" ]; then
-    flags=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo | head -n 1) "
-    isa=avx2
-    case "$flags" in *" amx_int8 "*) isa=amx ;; *" avx512f "*) isa=avx512 ;; esac
-    model="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1 | tr 'A-Z' 'a-z' | sed 's/([^)]*)//g; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')"
-    MACHINE_TAG="${model:-cpu}-$isa"
-fi
+. scripts/machine-tag.sh
 common=(--batches 1,4 --kernels batched,invariant --threads "$threads" --steps 8 --reps 3 --prefill 128,512 --vs llama.cpp)
 for g in "${groups[@]}"; do
     case "$g" in

@@ -1,6 +1,7 @@
 //! Which kernels a CPU engine runs where the extension has its own: decode matmul and attention
-//! (`ggml-ext/hrm_matmul.c`, `hrm_attn.c`) and prefill attention (`hrm_prefill.c`), or ggml's. Each is timed against the other at load, on the running
-//! machine, the loaded weights and the engine's own decode backend and batch sizes; the
+//! (`ggml-ext/hrm_matmul.c`, `hrm_attn.c`) and prefill attention (`hrm_prefill.c`), or ggml's.
+//! Each is timed against the other at load, on the running machine, the loaded weights and the
+//! engine's own backends (decode, with its batch sizes; first forwards, for prefill); the
 //! extension is kept only where it wins by more than `MARGIN`, else ggml's op runs (it may have
 //! AVX-512, VNNI or AMX code the extension lacks). Timings are cached per machine, ggml build,
 //! frigg build and engine shape, so a restarted engine makes the same choice.
