@@ -83,8 +83,12 @@ pub struct LoadReport {
     pub completion_tokens: u64,
     /// Completion tokens of all clients / wall time.
     pub aggregate_tok_s: f64,
-    pub ttft_p50_s: f64,
-    pub ttft_p95_s: f64,
+    /// Time to the first text, over the requests that streamed any (None when none did: a
+    /// random-weight model may emit only tokens that decode to no text).
+    #[serde(default)]
+    pub ttft_p50_s: Option<f64>,
+    #[serde(default)]
+    pub ttft_p95_s: Option<f64>,
     pub machine: crate::tools::bench::Machine,
     pub load_before: f64,
     pub load_after: f64,
@@ -315,12 +319,12 @@ fn rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
+fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
     if v.is_empty() {
-        return f64::NAN;
+        return None;
     }
     v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    Some(v[((v.len() - 1) as f64 * p).round() as usize])
 }
 
 fn metrics_text(agent: &ureq::Agent, url: &str) -> Option<String> {
@@ -471,7 +475,7 @@ impl LoadReport {
     pub fn markdown_row(&self) -> String {
         let label = &self.label;
         format!(
-            "| {label} | {} | {} | {:.0} s ({:.0} s wall) | {} | {} | {} | {} | **{:.2}** | {:.2} s | {:.2} s | {} | {:.2} → {:.2} |",
+            "| {label} | {} | {} | {:.0} s ({:.0} s wall) | {} | {} | {} | {} | **{:.2}** | {} | {} | {} | {:.2} → {:.2} |",
             self.server_slots.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
             self.streams,
             self.duration_s,
@@ -481,8 +485,8 @@ impl LoadReport {
             self.errors,
             self.completion_tokens,
             self.aggregate_tok_s,
-            self.ttft_p50_s,
-            self.ttft_p95_s,
+            seconds(self.ttft_p50_s),
+            seconds(self.ttft_p95_s),
             EngineTime::cell(self.engine.as_ref(), self.wall_s),
             self.load_before,
             self.load_after
@@ -495,6 +499,11 @@ impl LoadReport {
 /// decode row of a step cost nothing beyond the first (prefill seconds unchanged, since every
 /// stream waits during a prompt's prefill). From the one-slot run's engine time:
 /// ceiling = (prefill + decode) / (prefill + decode / slots).
+/// A duration cell: "1.23 s", or "–" when nothing was measured.
+fn seconds(s: Option<f64>) -> String {
+    s.map_or_else(|| "–".to_string(), |s| format!("{s:.2} s"))
+}
+
 pub fn slot_scaling_lines(reports: &[LoadReport]) -> Vec<String> {
     let mut lines = vec![];
     let mut one: Option<&LoadReport> = None;
@@ -591,6 +600,22 @@ mod tests {
         // (80 + 200) / (80 + 200 / 4) = 280 / 130
         assert!(lines[0].starts_with("- four over one: **1.50×** measured (3.00 / 2.00 tok/s); ceiling"), "{}", lines[0]);
         assert!(lines[0].contains("= **2.15×**"), "{}", lines[0]);
+    }
+
+    #[test]
+    fn a_run_that_streamed_no_text_has_no_ttft_and_still_renders() {
+        // as `bench load` writes it when no request streamed any text: the percentiles are null
+        let r: super::LoadReport = serde_json::from_value(serde_json::json!({
+            "label": "random weights", "url": "http://127.0.0.1:1", "streams": 16, "duration_s": 120.0, "wall_s": 200.0,
+            "server_slots": 1, "requests": 3, "complete": 3, "errors": 0, "error_samples": [],
+            "prompt_tokens": 9, "completion_tokens": 48, "aggregate_tok_s": 0.24, "ttft_p50_s": null, "ttft_p95_s": null,
+            "machine": crate::tools::bench::machine(), "load_before": 0.0, "load_after": 0.0
+        }))
+        .unwrap();
+        assert_eq!((r.ttft_p50_s, r.ttft_p95_s), (None, None));
+        assert!(r.markdown_row().contains("| **0.24** | – | – |"), "{}", r.markdown_row());
+        assert_eq!(super::percentile(&mut [], 0.5), None);
+        assert_eq!(super::percentile(&mut [3.0, 1.0, 2.0], 0.5), Some(2.0));
     }
 
     #[test]
