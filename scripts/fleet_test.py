@@ -285,6 +285,11 @@ def main() -> int:
             r.remove_namespace()
 
 
+def ms(seconds: float | None) -> str:
+    """A TTFT cell: milliseconds, or "–" when `bench load` measured none (no request streamed text)."""
+    return "–" if seconds is None else f"{seconds * 1e3:.0f} ms"
+
+
 def write_markdown(path: Path, o: dict) -> None:
     m = o["machine"] or {}
     d, b = o["direct"], o["balanced"]
@@ -304,8 +309,8 @@ Machine: {m.get('cpu', '?')} · {m.get('cores', '?')} cores · {m.get('mem_gib',
 
 | fault-free, {STREAMS} clients | requests | errors | aggregate tok/s | TTFT p50 | TTFT p95 | load before → after |
 |---|---|---|---|---|---|---|
-| one replica, hit directly | {d['requests']} | {d['errors']} | {d['aggregate_tok_s']:.1f} | {d['ttft_p50_s'] * 1e3:.0f} ms | {d['ttft_p95_s'] * 1e3:.0f} ms | {d['load_before']:.2f} → {d['load_after']:.2f} |
-| three replicas through HAProxy | {b['requests']} | {b['errors']} | {b['aggregate_tok_s']:.1f} | {b['ttft_p50_s'] * 1e3:.0f} ms | {b['ttft_p95_s'] * 1e3:.0f} ms | {b['load_before']:.2f} → {b['load_after']:.2f} |
+| one replica, hit directly | {d['requests']} | {d['errors']} | {d['aggregate_tok_s']:.1f} | {ms(d['ttft_p50_s'])} | {ms(d['ttft_p95_s'])} | {d['load_before']:.2f} → {d['load_after']:.2f} |
+| three replicas through HAProxy | {b['requests']} | {b['errors']} | {b['aggregate_tok_s']:.1f} | {ms(b['ttft_p50_s'])} | {ms(b['ttft_p95_s'])} | {b['load_before']:.2f} → {b['load_after']:.2f} |
 
 On this {m.get('cores', '?')}-core machine the three replicas, HAProxy and the load generator share the same cores, so the
 second row measures what the balancer adds (a hop, health checks, leastconn), not the capacity of three machines."""
