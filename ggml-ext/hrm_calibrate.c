@@ -28,10 +28,10 @@ static int cmp_double(const void * a, const void * b) {
 }
 
 // Fills an F32 or F16 input with small values (any data will do: the kernels' cost does not
-// depend on it); other types, and a tensor named "zeros" (an all-visible mask), with zero bytes.
+// depend on it); other types with zero bytes.
 static void fill(struct ggml_tensor * t) {
     const int64_t n = ggml_nelements(t);
-    if ((t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16) && strcmp(ggml_get_name(t), "zeros") != 0) {
+    if (t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16) {
         const size_t es = ggml_type_size(t->type);
         char * buf = malloc((size_t) n * es);
         if (!buf) {
@@ -52,10 +52,10 @@ static void fill(struct ggml_tensor * t) {
     }
 }
 
-// Median seconds of `reps` computes of `out` (after one warm-up), its inputs filled; -1 when it
-// cannot be allocated or computed.
+// Median seconds of `reps` computes of `out` (after one warm-up), its inputs filled and `zeroed`
+// (when not NULL) all zero bytes; -1 when it cannot be allocated or computed.
 static double time_graph(ggml_backend_t backend, struct ggml_context * ctx, struct ggml_tensor * out,
-                         struct ggml_tensor ** inputs, int n_inputs, int reps) {
+                         struct ggml_tensor ** inputs, int n_inputs, struct ggml_tensor * zeroed, int reps) {
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     ggml_gallocr_t ga = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
@@ -64,6 +64,9 @@ static double time_graph(ggml_backend_t backend, struct ggml_context * ctx, stru
     if (ga && t && reps > 0 && ggml_gallocr_alloc_graph(ga, gf)) {
         for (int i = 0; i < n_inputs; ++i) {
             fill(inputs[i]);
+        }
+        if (zeroed) {
+            ggml_backend_tensor_memset(zeroed, 0, 0, ggml_nbytes(zeroed));
         }
         if (ggml_backend_graph_compute(backend, gf) == GGML_STATUS_SUCCESS) {
             int ok = 1;
@@ -116,7 +119,7 @@ double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, 
         out = out ? ggml_add(ctx, out, y) : y;
     }
     *used_ext = any_ext;
-    const double s = time_graph(backend, ctx, out, x, n_w, reps);
+    const double s = time_graph(backend, ctx, out, x, n_w, NULL, reps);
     free(x);
     ggml_free(ctx);
     return s;
@@ -138,7 +141,7 @@ double hrm_time_decode_attention(ggml_backend_t backend, enum ggml_type kv_type,
                                    .cpu_decode_attention = use_ext, .cpu_decode_matmul = 0, .cpu_prefill_attention = 0 };
     double s = -1.0;
     if (!use_ext || hrm_op_attention_is_extension(&step, in[1], in[2])) {
-        s = time_graph(backend, ctx, hrm_op_attention(ctx, &step, in[0], in[1], in[2], in[3]), in, 4, reps);
+        s = time_graph(backend, ctx, hrm_op_attention(ctx, &step, in[0], in[1], in[2], in[3]), in, 4, NULL, reps);
     }
     ggml_free(ctx);
     return s;
@@ -156,12 +159,12 @@ double hrm_time_prefill_attention(ggml_backend_t backend, enum ggml_type kv_type
         ggml_new_tensor_4d(ctx, kv_type, head_dim, n_head, n_tokens, 1),
         ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_tokens, n_tokens, 1, 1),
     };
-    ggml_set_name(in[3], "zeros");
     const struct hrm_step step = { .n_tokens = n_tokens, .n_stream = 1, .n_kv = 0, .n_out = 1, .first = 1,
                                    .cpu_decode_attention = 0, .cpu_decode_matmul = 0, .cpu_prefill_attention = use_ext };
     double s = -1.0;
     if (!use_ext || hrm_op_attention_is_extension(&step, in[1], in[2])) {
-        s = time_graph(backend, ctx, hrm_op_attention(ctx, &step, in[0], in[1], in[2], in[3]), in, 4, reps);
+        // the mask all zeros: every prompt token sees every other, as a PrefixLM prompt does
+        s = time_graph(backend, ctx, hrm_op_attention(ctx, &step, in[0], in[1], in[2], in[3]), in, 3, in[3], reps);
     }
     ggml_free(ctx);
     return s;
