@@ -184,6 +184,24 @@ static void hrm_pf_classify(uint8_t * cls, const struct ggml_tensor * mask, int6
     }
 }
 
+// The micro-tile both products of a block are made of: RM broadcast rows of `a` times RN vectors
+// of queries, acc[r][c] += a[r·a_stride + t] · b[t·QB + c·VL] for t in [0, n).
+static inline __attribute__((always_inline)) void hrm_pf_tile(hrm_v acc[HRM_PF_RM][HRM_RN], const float * a,
+                                                             int64_t a_stride, const float * b, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) {
+        hrm_v bv[HRM_RN];
+        for (int c = 0; c < HRM_RN; ++c) {
+            bv[c] = V_LOAD(b + t * HRM_PF_QB + c * HRM_VL);
+        }
+        for (int r = 0; r < HRM_PF_RM; ++r) {
+            const hrm_v ab = V_SET1(a[r * a_stride + t]);
+            for (int c = 0; c < HRM_RN; ++c) {
+                acc[r][c] = V_FMA(ab, bv[c], acc[r][c]);
+            }
+        }
+    }
+}
+
 // One block of n_q queries from row i0 (s->qt, s->cls and the head's s->k, s->vt filled): scores
 // and then their exps in s->st, the block's output in s->ot.
 static void hrm_pf_block(struct hrm_pf_scratch * s, const struct ggml_tensor * mask, int64_t st_idx, int64_t i0,
@@ -212,18 +230,7 @@ static void hrm_pf_block(struct hrm_pf_scratch * s, const struct ggml_tensor * m
                     acc[r][c] = V_ZERO();
                 }
             }
-            for (int64_t d = 0; d < hd; ++d) {
-                hrm_v qv[HRM_RN];
-                for (int c = 0; c < HRM_RN; ++c) {
-                    qv[c] = V_LOAD(s->qt + d * HRM_PF_QB + (qg + c) * HRM_VL);
-                }
-                for (int r = 0; r < HRM_PF_RM; ++r) {
-                    const hrm_v kb = V_SET1(kr[r * hd + d]);
-                    for (int c = 0; c < HRM_RN; ++c) {
-                        acc[r][c] = V_FMA(kb, qv[c], acc[r][c]);
-                    }
-                }
-            }
+            hrm_pf_tile(acc, kr, hd, s->qt + qg * HRM_VL, hd);
             for (int r = 0; r < HRM_PF_RM; ++r) {
                 for (int c = 0; c < HRM_RN; ++c) {
                     V_STORE(s->st + (j + r) * HRM_PF_QB + (qg + c) * HRM_VL, V_MUL(acc[r][c], vscale));
@@ -285,19 +292,8 @@ static void hrm_pf_block(struct hrm_pf_scratch * s, const struct ggml_tensor * m
                 }
             }
             for (int g = 0; g < n_groups; ++g) {
-                for (int jj = 0; jj < HRM_PF_RM; ++jj) {
-                    const int64_t j = s->groups[g] + jj;
-                    hrm_v pv[HRM_RN];
-                    for (int c = 0; c < HRM_RN; ++c) {
-                        pv[c] = V_LOAD(s->st + j * HRM_PF_QB + (qg + c) * HRM_VL);
-                    }
-                    for (int r = 0; r < HRM_PF_RM; ++r) {
-                        const hrm_v vb = V_SET1(vr[r * n_kvp + j]);
-                        for (int c = 0; c < HRM_RN; ++c) {
-                            acc[r][c] = V_FMA(vb, pv[c], acc[r][c]);
-                        }
-                    }
-                }
+                const int64_t j = s->groups[g];
+                hrm_pf_tile(acc, vr + j, n_kvp, s->st + j * HRM_PF_QB + qg * HRM_VL, HRM_PF_RM);
             }
             for (int r = 0; r < HRM_PF_RM; ++r) {
                 for (int c = 0; c < HRM_RN; ++c) {
