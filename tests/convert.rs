@@ -469,3 +469,46 @@ fn bundled_demo_model_is_the_conversion_of_its_checkpoint() {
     let bundled = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("demo/frigg-demo.gguf")).unwrap();
     assert!(std::fs::read(&out).unwrap() == bundled, "demo/frigg-demo.gguf differs from converting tests/fixtures/demo/ckpt");
 }
+
+/// Hyperparameters whose products overflow, or that promise more tensors than the file holds,
+/// are named errors from `HParams::from_gguf` and problems in `inspect`, never a panic (debug
+/// builds check overflow) or a tensor list sized by the bad value (the fuzzer found both).
+#[test]
+fn hostile_hyperparameters_are_named_errors() {
+    use frigg::engine::arch::{key, HParams};
+    use frigg::ggml::gguf::GgufBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, [u32; 6], &str); 4] = [
+        // (case, [layers_per_stack, h_cycles, l_cycles, head_count, key_length, block_count], message)
+        ("virtual layers", [1 << 30, 8, 3, 4, 16, 0], "overflow a u32"),
+        ("l_cycles + 1", [1, 1, u32::MAX, 4, 16, 0], "overflow a u32"),
+        ("attention width", [1, 1, 1, 1 << 16, 1 << 16, 2], "overflows a u32"),
+        ("tensor count", [1 << 20, 1, 1, 4, 16, 2 << 20], "needs at least 16777218 tensors, but the file has 0"),
+    ];
+    for (case, [lps, h, l, heads, hd, blocks], want) in cases {
+        let mut b = GgufBuilder::new(0);
+        b.set_str(key::ARCHITECTURE, "hrm_text").unwrap();
+        for (k, v) in [
+            (key::EMBEDDING_LENGTH, 64),
+            (key::HEAD_COUNT, heads),
+            (key::KEY_LENGTH, hd),
+            (key::FEED_FORWARD_LENGTH, 128),
+            (key::VOCAB_SIZE, 256),
+            (key::CONTEXT_LENGTH, 256),
+            (key::LAYERS_PER_STACK, lps),
+            (key::H_CYCLES, h),
+            (key::L_CYCLES, l),
+            (key::BLOCK_COUNT, blocks),
+        ] {
+            b.set_u32(k, v).unwrap();
+        }
+        b.set_f32(key::RMS_EPS, 1e-5).unwrap();
+        let path = dir.path().join(format!("{}.gguf", case.replace(' ', "_")));
+        std::fs::write(&path, b.meta_bytes()).unwrap();
+        let g = GgufFile::open(&path).unwrap();
+        let err = HParams::from_gguf(&g).unwrap_err().to_string();
+        assert!(err.contains(want), "{case}: {err}");
+        let report = frigg::tools::inspect::inspect(&path).unwrap();
+        assert!(!report.runnable() && report.problems.len() == 1, "{case}: {:?}", report.problems);
+    }
+}

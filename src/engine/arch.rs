@@ -141,18 +141,33 @@ pub fn block_tensor(bid: u32, w: LayerWeight) -> String {
 
 impl HParams {
     /// Virtual layers, each with its own KV cache: one per stack run and layer.
+    /// `validate` guarantees the product fits in a u32.
     pub fn n_virtual_layers(&self) -> u32 {
-        self.layers_per_stack * self.h_cycles * (self.l_cycles + 1)
+        self.checked_virtual_layers().unwrap_or(u32::MAX)
+    }
+
+    fn checked_virtual_layers(&self) -> Option<u32> {
+        self.layers_per_stack.checked_mul(self.h_cycles)?.checked_mul(self.l_cycles.checked_add(1)?)
     }
 
     /// Width of q/k/v/gate projections (`n_head * head_dim`), and of a KV-cache row.
+    /// `validate` guarantees the product fits in a u32.
     pub fn n_embd_attn(&self) -> u32 {
-        self.n_head * self.head_dim
+        self.n_head.checked_mul(self.head_dim).unwrap_or(u32::MAX)
     }
 
-    /// Bytes of a KV cache (K and V of every virtual layer) of `cells` rows of type `ty`.
+    /// Bytes of a KV cache (K and V of every virtual layer) of `cells` rows of type `ty`
+    /// (saturating: a size past u64 fails every memory budget instead of wrapping under it).
     pub fn kv_bytes(&self, cells: u64, ty: GgmlType) -> u64 {
-        2 * self.n_virtual_layers() as u64 * cells * ty.row_bytes(self.n_embd_attn() as u64)
+        2u64.saturating_mul(self.n_virtual_layers() as u64)
+            .saturating_mul(cells)
+            .saturating_mul(ty.row_bytes(self.n_embd_attn() as u64))
+    }
+
+    /// Tensors in the file: the embedding, z_L's initial state, 8 per block of both stacks,
+    /// and the output head unless tied. `validate` keeps it far from overflow.
+    pub fn n_tensors(&self, with_output: bool) -> u64 {
+        2 + 16 * self.layers_per_stack as u64 + with_output as u64
     }
 
     /// The tensor table (names and ggml shapes) this model must have, in the order frigg
@@ -217,6 +232,15 @@ impl HParams {
             embedding_scale: if g.has(key::EMBEDDING_SCALE) { g.get_f32(key::EMBEDDING_SCALE)? } else { 1.0 },
         };
         hp.validate()?;
+        let n_tensors = g.n_tensors() as u64;
+        if hp.n_tensors(false) > n_tensors {
+            return Err(ArchError::Invalid(format!(
+                "{} = {} needs at least {} tensors, but the file has {n_tensors}",
+                key::LAYERS_PER_STACK,
+                hp.layers_per_stack,
+                hp.n_tensors(false)
+            )));
+        }
         let block_count = g.get_u32(key::BLOCK_COUNT)?;
         if block_count != hp.n_virtual_layers() {
             return Err(ArchError::Invalid(format!(
@@ -242,6 +266,15 @@ impl HParams {
         }
         if self.layers_per_stack == 0 || self.h_cycles == 0 || self.l_cycles == 0 {
             return bad("layers_per_stack, h_cycles and l_cycles must be positive".into());
+        }
+        if self.checked_virtual_layers().is_none() {
+            return bad(format!(
+                "layers_per_stack {} × h_cycles {} × (l_cycles {} + 1) virtual layers overflow a u32",
+                self.layers_per_stack, self.h_cycles, self.l_cycles
+            ));
+        }
+        if self.n_head.checked_mul(self.head_dim).is_none() {
+            return bad(format!("head_count {} × key_length {} overflows a u32", self.n_head, self.head_dim));
         }
         if self.n_head_kv != self.n_head {
             return bad(format!("head_count_kv {} != head_count {}: HRM-Text is MHA", self.n_head_kv, self.n_head));

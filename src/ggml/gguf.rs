@@ -115,13 +115,14 @@ impl GgufFile {
         let ctx = NonNull::new(ctx).ok_or_else(|| GgufError::Unreadable { path: path.to_path_buf() })?;
         let file = GgufFile { ctx, path: path.to_path_buf() };
         // ggml checks the tensor table against the header but not against the file's length.
-        let end = file.tensors().iter().map(|t| t.offset + t.size).max().unwrap_or(0);
-        if end > meta.len() {
+        let end = file.tensors().iter().map(|t| t.offset.checked_add(t.size)).try_fold(0u64, |m, e| e.map(|e| m.max(e)));
+        let Some(end) = end.filter(|&end| end <= meta.len()) else {
+            let end = end.map_or("past 2^64".to_string(), |e| e.to_string());
             return Err(GgufError::Io {
                 path: path.to_path_buf(),
                 reason: format!("truncated: tensor data ends at byte {end} but the file has {} bytes", meta.len()),
             });
-        }
+        };
         Ok(file)
     }
 
@@ -236,6 +237,12 @@ impl GgufFile {
         }
     }
 
+    /// Number of records in the tensor table.
+    pub fn n_tensors(&self) -> usize {
+        // SAFETY: valid context.
+        unsafe { sys::gguf_get_n_tensors(self.raw()) as usize }
+    }
+
     /// The tensor table, in file order.
     pub fn tensors(&self) -> Vec<TensorInfo> {
         let ctx = self.raw();
@@ -249,7 +256,7 @@ impl GgufFile {
                         name: owned_str(sys::gguf_get_tensor_name(ctx, i)),
                         ty: GgmlType(sys::gguf_get_tensor_type(ctx, i)),
                         shape: Shape::trimmed([ne[0], ne[1], ne[2], ne[3]]),
-                        offset: base + sys::gguf_get_tensor_offset(ctx, i) as u64,
+                        offset: base.saturating_add(sys::gguf_get_tensor_offset(ctx, i) as u64),
                         size: sys::gguf_get_tensor_size(ctx, i) as u64,
                     }
                 })
