@@ -153,7 +153,7 @@ impl HParams {
     /// Width of q/k/v/gate projections (`n_head * head_dim`), and of a KV-cache row.
     /// `validate` guarantees the product fits in a u32.
     pub fn n_embd_attn(&self) -> u32 {
-        self.n_head.checked_mul(self.head_dim).unwrap_or(u32::MAX)
+        self.n_head.saturating_mul(self.head_dim)
     }
 
     /// Bytes of a KV cache (K and V of every virtual layer) of `cells` rows of type `ty`

@@ -116,13 +116,13 @@ impl GgufFile {
         let file = GgufFile { ctx, path: path.to_path_buf() };
         // ggml checks the tensor table against the header but not against the file's length.
         let end = file.tensors().iter().map(|t| t.offset.checked_add(t.size)).try_fold(0u64, |m, e| e.map(|e| m.max(e)));
-        let Some(end) = end.filter(|&end| end <= meta.len()) else {
+        if end.is_none_or(|end| end > meta.len()) {
             let end = end.map_or("past 2^64".to_string(), |e| e.to_string());
             return Err(GgufError::Io {
                 path: path.to_path_buf(),
                 reason: format!("truncated: tensor data ends at byte {end} but the file has {} bytes", meta.len()),
             });
-        };
+        }
         Ok(file)
     }
 
