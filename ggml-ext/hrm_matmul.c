@@ -7,7 +7,7 @@
 // batch of 4 gained little over one stream. Here each weight block is loaded once, its absolute
 // value taken once, and multiplied with every column: reading the weights stays the cost.
 //
-// Every (row, column) dot product runs the same instructions in the same order as ggml's AVX2
+// Every (row, column) dot product runs the same operations in the same order as ggml's AVX2
 // vec_dot (one 8-lane accumulator over the blocks, then the same horizontal sum), whatever the
 // number of columns or threads: a stream's result does not depend on its neighbours.
 //
@@ -34,6 +34,7 @@ struct hrm_q8_0 {  // ggml's block_q8_0
 };
 
 #define HRM_COLS 4  // columns computed together (registers: 4 accumulators + 4 column loads)
+_Static_assert(HRM_COLS == 4, "hrm_q8_0_row names four accumulators and two groups of four scale lanes");
 
 static inline float hrm_hsum(__m256 x) {  // ggml's hsum_float_8
     __m128 res = _mm256_extractf128_ps(x, 1);
@@ -64,44 +65,82 @@ static void hrm_quantize_columns(const struct ggml_tensor * x, int64_t K, struct
     }
 }
 
+// One row of Q8_0 weights against NC (≤ HRM_COLS) quantized columns; out[c] = W[r, :] · x[:, c].
+// Per block the NC scales d_w·d_x come from one multiply: xs holds the group's column scales
+// for the block twice over ([d0 .. d3, d0 .. d3]), so lane c of either half is column c's, and
+// each column's is broadcast within the halves. d_w·d_x is the same IEEE product as ggml's scalar
+// one: every lane's arithmetic is unchanged.
+static inline __attribute__((always_inline)) void hrm_q8_0_row(
+        const struct hrm_q8_0 * wr, int64_t nb, const struct hrm_q8_0 * xq, const float * xs, const int NC, float * out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i qx = _mm256_loadu_si256((const __m256i *) wr[b].qs);
+        const __m256i ax = _mm256_sign_epi8(qx, qx);
+        const __m256 s = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(wr[b].d)), _mm256_loadu_ps(xs + b * 8));
+#define HRM_Q8_0_COLUMN(c)                                                                                    \
+        if (NC > c) {                                                                                        \
+            const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) xq[c * nb + b].qs), qx); \
+            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);                       \
+            acc##c = _mm256_fmadd_ps(_mm256_permute_ps(s, (c) * 0x55), _mm256_cvtepi32_ps(dot), acc##c);    \
+        }
+        HRM_Q8_0_COLUMN(0)
+        HRM_Q8_0_COLUMN(1)
+        HRM_Q8_0_COLUMN(2)
+        HRM_Q8_0_COLUMN(3)
+#undef HRM_Q8_0_COLUMN
+    }
+    out[0] = hrm_hsum(acc0);
+    if (NC > 1) out[1] = hrm_hsum(acc1);
+    if (NC > 2) out[2] = hrm_hsum(acc2);
+    if (NC > 3) out[3] = hrm_hsum(acc3);
+}
+
 // dst [R, N] F32 = src0 (Q8_0 [K, R]) · src1 (F32 [K, N], contiguous rows). Threads split the rows.
 static void hrm_mul_mat_q8_0_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     const struct ggml_tensor * w = dst->src[0];
     const struct ggml_tensor * x = dst->src[1];
-    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK;
+    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK, n_groups = (N + HRM_COLS - 1) / HRM_COLS;
 
     struct hrm_q8_0 * xq;
     float * xd;
     hrm_quantize_columns(x, K, &xq, &xd);
+    // xs [group][block][8]: the group's column scales at that block, twice (0 past the last column)
+    float * xs = calloc((size_t) (n_groups * nb * 8), sizeof(float));
+    if (xs == NULL) {
+        GGML_ABORT("hrm_decode_matmul: out of memory for %lld column scales", (long long) N);
+    }
+    for (int64_t c = 0; c < N; ++c) {
+        for (int64_t b = 0; b < nb; ++b) {
+            float * lanes = xs + ((c / HRM_COLS) * nb + b) * 8;
+            lanes[c % HRM_COLS] = lanes[HRM_COLS + c % HRM_COLS] = xd[c * nb + b];
+        }
+    }
 
     const int64_t r0 = R * ith / nth, r1 = R * (ith + 1) / nth;
+    float out[HRM_COLS];
     for (int64_t r = r0; r < r1; ++r) {
         const struct hrm_q8_0 * wr = (const struct hrm_q8_0 *) ((const char *) w->data + r * w->nb[1]);
-        for (int64_t c0 = 0; c0 < N; c0 += HRM_COLS) {
+        for (int64_t g = 0; g < n_groups; ++g) {
+            const int64_t c0 = g * HRM_COLS;
             const int nc = N - c0 < HRM_COLS ? (int) (N - c0) : HRM_COLS;
-            __m256 acc[HRM_COLS];
-            for (int c = 0; c < HRM_COLS; ++c) {
-                acc[c] = _mm256_setzero_ps();
-            }
-            for (int64_t b = 0; b < nb; ++b) {
-                const __m256i qx = _mm256_loadu_si256((const __m256i *) wr[b].qs);
-                const __m256i ax = _mm256_sign_epi8(qx, qx);
-                const float dx = _cvtsh_ss(wr[b].d);
-                for (int c = 0; c < nc; ++c) {
-                    const struct hrm_q8_0 * yb = xq + (c0 + c) * nb + b;
-                    const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) yb->qs), qx);
-                    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * xd[(c0 + c) * nb + b]), _mm256_cvtepi32_ps(dot), acc[c]);
-                }
+            const struct hrm_q8_0 * xqg = xq + c0 * nb;
+            const float * xsg = xs + g * nb * 8;
+            switch (nc) {  // literal column counts: the accumulators stay in registers
+                case 1: hrm_q8_0_row(wr, nb, xqg, xsg, 1, out); break;
+                case 2: hrm_q8_0_row(wr, nb, xqg, xsg, 2, out); break;
+                case 3: hrm_q8_0_row(wr, nb, xqg, xsg, 3, out); break;
+                default: hrm_q8_0_row(wr, nb, xqg, xsg, 4, out); break;
             }
             for (int c = 0; c < nc; ++c) {
-                *(float *) ((char *) dst->data + r * dst->nb[0] + (c0 + c) * dst->nb[1]) = hrm_hsum(acc[c]);
+                *(float *) ((char *) dst->data + r * dst->nb[0] + (c0 + c) * dst->nb[1]) = out[c];
             }
         }
     }
     free(xq);
     free(xd);
+    free(xs);
 }
 
 // BF16: ggml's own path rounds every column to BF16 (its vec_dot_type) and, for several columns,
