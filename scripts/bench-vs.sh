@@ -6,8 +6,8 @@
 # ones. Writes docs/bench/vs-MACHINE-GROUP.json (MACHINE: the CPU's model name and widest vector
 # extension, e.g. intel-xeon-processor-amx; MACHINE_TAG overrides it), so each CPU keeps its own
 # files, and renders every vs-*.json there into docs/benchmarks.md (bench:vs), one table per CPU.
-#   q8_0: batch 1 and 4, context 512 and 1024;  bf16, q4 (q4_0, q4_k): batch 1 and 4, context 512;
-#   every group: prefill of 128 and of 512 prompt tokens.
+#   every group (q8_0; bf16; q4: q4_0 and q4_k): decode at batch 1 and 4 from 512 and 1024
+#   filled cells, and prefill of 128 and of 512 prompt tokens.
 # Usage: scripts/bench-vs.sh [THREADS] [GROUP...]   (default: all three; an otherwise idle machine)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,12 +20,12 @@ groups=("$@")
 frigg=./target/release/frigg
 cargo build --release --locked >/dev/null
 . scripts/machine-tag.sh
-common=(--batches 1,4 --kernels batched,invariant --threads "$threads" --steps 8 --reps 3 --prefill 128,512 --vs llama.cpp)
+common=(--batches 1,4 --contexts 512,1024 --kernels batched,invariant --threads "$threads" --steps 8 --reps 3 --prefill 128,512 --vs llama.cpp)
 for g in "${groups[@]}"; do
     case "$g" in
-        q8_0) $frigg bench matrix models/mimir-q8_0.gguf --contexts 512,1024 "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-q8_0.json" ;;
-        bf16) $frigg bench matrix models/mimir-bf16.gguf --contexts 512 "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-bf16.json" ;;
-        q4) $frigg bench matrix models/mimir-q4_0.gguf models/mimir-q4_k.gguf --contexts 512 "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-q4.json" ;;
+        q8_0) $frigg bench matrix models/mimir-q8_0.gguf "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-q8_0.json" ;;
+        bf16) $frigg bench matrix models/mimir-bf16.gguf "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-bf16.json" ;;
+        q4) $frigg bench matrix models/mimir-q4_0.gguf models/mimir-q4_k.gguf "${common[@]}" --json "docs/bench/vs-$MACHINE_TAG-q4.json" ;;
         *) echo "unknown group $g (q8_0, bf16, q4)" >&2; exit 2 ;;
     esac
 done

@@ -1,9 +1,9 @@
 //! Which kernels a CPU engine runs where the extension has its own: decode matmul and attention
 //! (`ggml-ext/hrm_matmul.c`, `hrm_attn.c`) and prefill attention (`hrm_prefill.c`), or ggml's.
 //! Each is timed against the other at load, on the running machine, the loaded weights and the
-//! engine's own backends (decode, with its batch sizes; first forwards, for prefill); the
-//! extension is kept only where it wins by more than `MARGIN`, else ggml's op runs (it may have
-//! AVX-512, VNNI or AMX code the extension lacks). Timings are cached per machine, ggml build,
+//! engine's own backends (decode, with its batch sizes, for the matmul those where the two arms
+//! differ; first forwards, for prefill); the extension is kept only where it wins by more than
+//! `MARGIN`, else ggml's op runs (it may have AVX-512, VNNI or AMX code the extension lacks). Timings are cached per machine, ggml build,
 //! frigg build and engine shape, so a restarted engine makes the same choice.
 //!
 //! Invariant: a choice holds for the engine's whole life and every batch size, so a sequence's
@@ -129,16 +129,25 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
     let mut cache = Cache::load();
     let matmul = decide(matmul, || {
         let key = format!("matmul|{}|{}", input.key, batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","));
+        // the batch sizes where the extension's arm ran the extension: where it has no kernel
+        // (one column of Q8_0) both arms run ggml's same op, and timing that only adds noise
+        let differ = std::cell::RefCell::new(Vec::new());
         cache.get_or_time(&key, |extension| {
-            // the extension's arm runs ggml's op where the extension has no kernel (one column
-            // of Q8_0); it counts only if the extension ran somewhere
-            let (mut total, mut used) = (0.0, false);
-            for &n in &batches {
-                let (s, u) = ext::time_decode_matmuls(input.backend, &input.weights, n, extension, REPS)?;
-                total += s;
-                used |= u;
+            let mut total = 0.0;
+            if extension {
+                for &n in &batches {
+                    let (s, used) = ext::time_decode_matmuls(input.backend, &input.weights, n, true, REPS)?;
+                    if used {
+                        total += s;
+                        differ.borrow_mut().push(n);
+                    }
+                }
+                return (!differ.borrow().is_empty()).then_some(total);
             }
-            (used || !extension).then_some(total)
+            for &n in differ.borrow().iter() {
+                total += ext::time_decode_matmuls(input.backend, &input.weights, n, false, REPS)?.0;
+            }
+            Some(total)
         })
     });
     let n_kv = input.n_ctx.div_ceil(256).clamp(1, 4) * 256;
@@ -210,6 +219,7 @@ impl Cache {
         Cache { path, entries, dirty: false }
     }
 
+    /// Times the extension's arm (`time(true)`) before ggml's (`time(false)`).
     fn get_or_time(&mut self, key: &str, time: impl Fn(bool) -> Option<f64>) -> Timed {
         if let Some([ext, ggml]) = self.entries.get(key) {
             return Timed { ext: *ext, ggml: *ggml, cached: true };
