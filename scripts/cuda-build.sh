@@ -16,6 +16,7 @@
 # Env: CUDA_ARCHS (default "86;90"), CUDA_WORK (venv + CUDA tree, default /tmp/cuda-work),
 #      FRIGG_TARGET_CPU (default x86-64-v3; "native" = this CPU only), CMAKE_BUILD_PARALLEL_LEVEL,
 #      STAGE=0 to skip copying the stripped binary to .device/frigg for the device tool,
+#      DEVICE_TESTS=0 to skip building and staging tests/device.rs as .device/device-tests,
 #      DRY_RUN=1 to set up the toolchain and print the environment without building.
 #
 # How linking works: llama-cpp-sys-2 0.1.161 (Linux, static ggml) emits
@@ -111,18 +112,32 @@ bin="$target_dir/release/frigg"
 readelf -d "$bin" | grep NEEDED
 LD_LIBRARY_PATH="$cuda/lib64" "$bin" --version
 
-# 6. Stage a stripped copy for the device tool (carry: [".device"]; budget: 64 MiB with the tree).
+# 6. Stage stripped copies for the device tool (carry: [".device"]; 64 MiB with the ~21 MiB
+#    tree): frigg, and the device tests (tests/device.rs) as one executable, unless
+#    DEVICE_TESTS=0. The tests find their fixtures through the crate directory compiled in
+#    (CARGO_MANIFEST_DIR), which manifest-dir records. Over 40 MiB together, both go into one
+#    xz archive (.device/bins.tar.xz): they share ggml and ggml-cuda, which one large xz
+#    dictionary stores once (nvcc's fatbins are already compressed: GGML_CUDA_COMPRESSION_MODE=size).
 if [ "${STAGE:-1}" = 1 ]; then
+    rm -rf .device/frigg .device/frigg.xz .device/device-tests .device/bins.tar.xz
     mkdir -p .device
     objcopy --strip-all "$bin" .device/frigg
-    size=$(stat -c %s .device/frigg)
-    echo "staged .device/frigg: $((size / 1048576)) MiB"
+    bins=(frigg)
+    if [ "${DEVICE_TESTS:-1}" = 1 ]; then
+        exe="$(cargo test --release --locked --features cuda --test device --no-run --message-format=json \
+            | python3 -c 'import json, sys
+print([m["executable"] for m in map(json.loads, sys.stdin)
+       if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "device"][-1])')"
+        objcopy --strip-all "$exe" .device/device-tests
+        echo "$root" > .device/manifest-dir
+        bins+=(device-tests)
+    fi
+    size=$(cd .device && cat "${bins[@]}" | wc -c)
+    echo "staged .device/{${bins[*]}}: $((size / 1048576)) MiB"
     if [ "$size" -gt $((40 << 20)) ]; then
-        # The tracked tree is ~20 MiB and a device run ships at most 64 MiB; device-check.sh
-        # unpacks .device/frigg.xz with python's lzma. nvcc's fatbins are already compressed
-        # (GGML_CUDA_COMPRESSION_MODE=size), so fewer archs (CUDA_ARCHS=90-real) may be needed.
-        xz -T0 -6 -f .device/frigg
-        echo "compressed: .device/frigg.xz $(( $(stat -c %s .device/frigg.xz) / 1048576 )) MiB" >&2
+        tar -cf - -C .device "${bins[@]}" | xz -9e -T1 > .device/bins.tar.xz
+        (cd .device && rm -f "${bins[@]}")
+        echo "compressed: .device/bins.tar.xz $(( $(stat -c %s .device/bins.tar.xz) / 1048576 )) MiB" >&2
     fi
 fi
 echo "cuda-build: $(( $(date +%s) - start )) s"

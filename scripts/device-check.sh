@@ -5,7 +5,7 @@
 # stages a stripped CUDA frigg in .device/, which is git-excluded and so must be carried:
 #   run(command="bash scripts/device-check.sh", carry=[".device"], timeout_s=540)
 # It uses the machine's own cuBLAS 13 and python3 (numpy) for the random Mimir checkpoint.
-# Leaves in $OUT: env.json, log.txt, parity-gpu.json, parity-cpu.json, bench-gpu.json,
+# Leaves in $OUT (packed into results.tar.gz at exit, log.txt beside it): env.json, log.txt, parity-gpu.json, parity-cpu.json, device-tests.json, bench-gpu.json,
 # bench-gpu-vs.json, reuse-gpu.json (graph reuse per batch size), load-gpu-1.json and load-gpu-4.json (with the servers' logs); copy the JSON
 # to docs/bench/ and render it with `frigg bench render --matrix … --key gpu` and
 # `frigg bench render --load load-gpu-1.json load-gpu-4.json --key load-gpu`.
@@ -16,7 +16,7 @@
 # fails as it must without a GPU. Step 6 was tried the same way with LOAD_DEVICES=cpu
 # MIMIR_GGUF=demo/frigg-demo.gguf LOAD_CTX=256 LOAD_S=5: both load runs complete, JSON written.
 #
-# Env: FRIGG_BIN (default .device/frigg[.xz]), BUDGET_S (default 480, the script's own
+# Env: FRIGG_BIN (default: the frigg staged in .device), BUDGET_S (default 480, the script's own
 #      deadline), SKIP_PARITY=1, SKIP_BENCH=1, SKIP_LOAD=1, LOAD_S (default 30), MIMIR_GGUF (a
 #      Mimir-shaped GGUF already there: skips making one), LOAD_DEVICES (default 0; `cpu` to try
 #      step 6 on a machine without a GPU), LOAD_CTX (default 512).
@@ -30,7 +30,16 @@ t0=$(date +%s)
 budget="${BUDGET_S:-480}"
 threads="$(nproc)"
 tmp="$(mktemp -d /tmp/frigg-dev.XXXXXX)"
-trap 'rm -rf "$tmp"; echo "device-check: $(( $(date +%s) - t0 )) s"' EXIT
+# The device tool brings back at most 8 files from $OUT: at exit everything but log.txt goes into
+# results.tar.gz (unpack it into a folder, then copy the JSON to docs/bench/).
+pack() {
+    rm -rf "$tmp"
+    tar -czf "$tmp.tar.gz" -C "$OUT" --exclude=log.txt . \
+        && find "$OUT" -mindepth 1 -maxdepth 1 ! -name log.txt -exec rm -rf {} + \
+        && mv "$tmp.tar.gz" "$OUT/results.tar.gz"
+    echo "device-check: $(( $(date +%s) - t0 )) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"
+}
+trap pack EXIT
 
 # step NAME MAX_SECONDS CMD…: CMD under a timeout capped by the time left, with rc and seconds.
 step() {
@@ -46,11 +55,13 @@ step() {
 }
 
 # 1. The binary (xz-compressed when the build was large) and the cuBLAS 13 it links.
-bin="${FRIGG_BIN:-.device/frigg}"
-if [ ! -x "$bin" ] && [ -f "$bin.xz" ]; then
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$bin.xz" "$tmp/frigg"
-    chmod +x "$tmp/frigg"; bin="$tmp/frigg"
+#    cuda-build.sh stages .device/frigg and .device/device-tests, or both in .device/bins.tar.xz.
+if [ -f .device/bins.tar.xz ]; then
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .device/bins.tar.xz "$tmp"
+else
+    cp .device/frigg .device/device-tests "$tmp"/ 2>/dev/null
 fi
+bin="${FRIGG_BIN:-$tmp/frigg}"
 [ -x "$bin" ] || { echo "no frigg binary at $bin: run scripts/cuda-build.sh first and carry .device"; exit 2; }
 bin="$(realpath "$bin")"
 cublas=""
@@ -85,11 +96,26 @@ if [ "${SKIP_PARITY:-0}" != 1 ]; then
     step parity-cpu 120 "$bin" parity --threads "$threads" --json "$OUT/parity-cpu.json"
 fi
 
+# 4b. The device tests (tests/device.rs, staged by cuda-build.sh as .device/device-tests):
+#     every tier against the goldens and against the CPU, a sequence alone and beside three
+#     others, a cancelled prefill, on the GPU. Their bounds were derived on lavapipe; what the GPU
+#     measured lands in device-tests.json either way. The fixtures are found through the crate
+#     directory compiled in (.device/manifest-dir), linked to this tree when it is elsewhere.
+if [ "${SKIP_PARITY:-0}" != 1 ] && [ -x "$tmp/device-tests" ]; then
+    built_in="$(cat .device/manifest-dir 2>/dev/null || true)"
+    if [ -n "$built_in" ] && [ ! -e "$built_in" ]; then mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in"; fi
+    step device-tests 150 env FRIGG_DEVICE_REPORT="$OUT/device-tests.json" "$tmp/device-tests" --test-threads 1
+fi
+
 # 5. Speed at the full Mimir shape (random weights, generated here: the GGUFs cannot travel).
 #    Targets: bf16 one stream >= 150 tok/s, >= 5,000 tok/s aggregate at 64 streams. Then, if time
 #    is left, the same file through llama.cpp alternated with frigg (best effort: without
 #    models/gemma4-tokenizer carried, the file's tokenizer is the small fixture one, whose
 #    vocabulary llama.cpp may refuse to pair with the model's 262,144 rows).
+if [ ! -f models/gemma4-tokenizer/tokenizer.json ] && [ -f .device/gemma4-tokenizer.tar.xz ]; then
+    # staged here by: tar -cJf .device/gemma4-tokenizer.tar.xz -C models gemma4-tokenizer
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .device/gemma4-tokenizer.tar.xz models
+fi
 mimir="${MIMIR_GGUF:-$tmp/mimir-bf16.gguf}"
 if [ ! -f "$mimir" ] && { [ "${SKIP_BENCH:-0}" != 1 ] || [ "${SKIP_LOAD:-0}" != 1 ]; }; then
     step mimir-random 180 python3 scripts/make_mimir_random.py "$tmp/mimir" \
