@@ -19,7 +19,7 @@
 # Env: FRIGG_BIN (default: the frigg staged in .device), BUDGET_S (default 480, the script's own
 #      deadline), SKIP_PARITY=1, SKIP_BENCH=1, SKIP_LOAD=1, LOAD_S (default 30), MIMIR_GGUF (a
 #      Mimir-shaped GGUF already there: skips making one), LOAD_DEVICES (default 0; `cpu` to try
-#      step 6 on a machine without a GPU), LOAD_CTX (default 512).
+#      step 6 on a machine without a GPU), LOAD_CTX (default 512), PROFILE=1 (step 7: ncu).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -117,7 +117,7 @@ if [ ! -f models/gemma4-tokenizer/tokenizer.json ] && [ -f .device/gemma4-tokeni
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .device/gemma4-tokenizer.tar.xz models
 fi
 mimir="${MIMIR_GGUF:-$tmp/mimir-bf16.gguf}"
-if [ ! -f "$mimir" ] && { [ "${SKIP_BENCH:-0}" != 1 ] || [ "${SKIP_LOAD:-0}" != 1 ]; }; then
+if [ ! -f "$mimir" ] && { [ "${SKIP_BENCH:-0}" != 1 ] || [ "${SKIP_LOAD:-0}" != 1 ] || [ "${PROFILE:-0}" = 1 ]; }; then
     step mimir-random 180 python3 scripts/make_mimir_random.py "$tmp/mimir" \
         && step convert-bf16 120 "$bin" convert "$tmp/mimir" -o "$mimir" --type bf16
     rm -rf "$tmp/mimir"
@@ -177,5 +177,32 @@ PY
             --json "$OUT/load-gpu-$slots.json"
         kill -TERM $pid
         wait $pid
+    done
+fi
+
+# 7. Where a decode step's time goes (PROFILE=1): Nsight Compute's duration of every kernel over
+#    a warm-up and 2 decode steps at batch 1 and at 64, summed per kernel name (ncu-b*.csv is
+#    the raw list; ncu serializes kernels, so the sum is GPU busy time, not the step's wall time).
+ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+if [ "${PROFILE:-0}" = 1 ] && [ -n "$ncu" ] && [ -f "$mimir" ]; then
+    for b in 1 64; do
+        step "profile-b$b" 150 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+            --launch-count 40000 --log-file "$OUT/ncu-b$b.csv" \
+            "$bin" bench matrix "$mimir" --device gpu --batches "$b" --contexts 512 --kernels batched \
+            --steps 2 --reps 1 --prefill 0 --threads "$threads" --json "$OUT/profile-b$b.json"
+        python3 - "$OUT/ncu-b$b.csv" <<'PY'
+import collections, csv, sys
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')) if r.get("Metric Name") == "gpu__time_duration.sum"]
+by = collections.defaultdict(lambda: [0, 0.0])
+for r in rows:
+    k = by[r["Kernel Name"].split("(")[0][:90]]
+    k[0] += 1
+    k[1] += float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0)
+total = sum(v[1] for v in by.values())
+print(f"{sys.argv[1]}: {len(rows)} kernels, {total / 1e3:.1f} ms of kernel time")
+for name, (n, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:
+    print(f"{us / 1e3:9.2f} ms {100 * us / total:5.1f}% {n:7d}x {us / n:8.2f} us  {name}")
+PY
     done
 fi
