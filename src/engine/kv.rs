@@ -45,10 +45,12 @@ impl KvType {
 }
 
 /// One K and one V tensor per virtual layer, each `[n_head*head_dim, cells*n_stream]`.
-/// Each stream has `n_ctx + 1` cells: positions `0..n_ctx` and one scratch cell that
-/// padding rows of a batched decode write to.
+/// Each stream has `cells = n_ctx.div_ceil(cell_multiple) * cell_multiple + 1` cells:
+/// positions `0..n_ctx`, cells no position reaches (none when `cell_multiple` is 1), and at
+/// index `n_ctx` the scratch cell that padding rows of a batched decode write to.
 pub struct KvCache {
     pub n_ctx: usize,
+    cells: usize,
     pub n_stream: usize,
     pub ty: KvType,
     k: Vec<Tensor>,
@@ -57,7 +59,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(hp: &HParams, n_ctx: usize, n_stream: usize, ty: KvType, backend: &Backend) -> Result<KvCache, LoadError> {
+    pub fn new(hp: &HParams, n_ctx: usize, cell_multiple: usize, n_stream: usize, ty: KvType, backend: &Backend) -> Result<KvCache, LoadError> {
         // Attention reads the cache one head at a time: a head's row must be whole blocks.
         let block = ty.ggml().block_size();
         if hp.head_dim as u64 % block != 0 {
@@ -66,7 +68,8 @@ impl KvCache {
         let n_vlayers = hp.n_virtual_layers() as usize;
         let mut arena = Arena::new(2 * n_vlayers)?;
         let width = hp.n_embd_attn() as i64;
-        let rows = ((n_ctx + 1) * n_stream) as i64;
+        let cells = n_ctx.div_ceil(cell_multiple.max(1)) * cell_multiple.max(1) + 1;
+        let rows = (cells * n_stream) as i64;
         let mut k = Vec::with_capacity(n_vlayers);
         let mut v = Vec::with_capacity(n_vlayers);
         for s in 0..n_vlayers {
@@ -75,12 +78,12 @@ impl KvCache {
         }
         arena.alloc(backend.buffer_type(), "KV cache")?;
         arena.clear(0);
-        Ok(KvCache { n_ctx, n_stream, ty, k, v, arena })
+        Ok(KvCache { n_ctx, cells, n_stream, ty, k, v, arena })
     }
 
     /// Cells per stream including the scratch cell.
     pub fn cells_per_stream(&self) -> usize {
-        self.n_ctx + 1
+        self.cells
     }
 
     pub fn bytes(&self) -> usize {

@@ -57,8 +57,8 @@ impl From<ext::BuildError> for EngineError {
     }
 }
 
-/// A sequence's place in the KV cache: stream `i` holds cells `i*(n_ctx+1)..(i+1)*(n_ctx+1)`
-/// of every virtual layer.
+/// A sequence's place in the KV cache: stream `i` holds cells `i*cells..(i+1)*cells` of every
+/// virtual layer (`cells` = `KvCache::cells_per_stream`, at least `n_ctx + 1`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StreamId(pub usize);
 
@@ -311,7 +311,13 @@ impl Engine {
         if n_ctx > hp.n_ctx_train as usize {
             return Err(EngineError::ContextFull { needed: n_ctx, limit: hp.n_ctx_train as usize });
         }
-        let kv = KvCache::new(&hp, n_ctx, opts.n_stream.max(1), opts.kv_type, main)?;
+        // A decode step attends over whole KV_PAD buckets only if the cache holds the last
+        // bucket whole: on a GPU the cells past n_ctx are allocated (ggml-cuda runs its vector
+        // flash-attention kernel for one query per stream only over a multiple of 256 cells,
+        // else its tensor-core kernel, 24 µs a call at 512 cells on an H200: docs/benchmarks.md,
+        // "On a GPU"). The CPU's attention has no such need, and keeps the memory.
+        let cell_multiple = if opts.gpu { KV_PAD } else { 1 };
+        let kv = KvCache::new(&hp, n_ctx, cell_multiple, opts.n_stream.max(1), opts.kv_type, main)?;
         let graph_size = ext::graph_nodes(&crate::engine::weights::c_hparams(&hp)) * 2;
         // Each scheduler ends with its own CPU backend (ggml requires the CPU last).
         let n = backends.len();
