@@ -7,14 +7,14 @@
 # It uses the machine's own cuBLAS 13 and python3 (numpy) for the random Mimir checkpoint.
 # Leaves in $OUT (packed into results.tar.gz at exit, log.txt beside it): env.json, log.txt, parity-gpu.json, parity-cpu.json, device-tests.json, bench-gpu.json,
 # bench-gpu-vs.json, reuse-gpu.json (graph reuse per batch size), load-gpu-1.json and load-gpu-4.json (with the servers' logs); copy the JSON
-# to docs/bench/ and render it with `frigg bench render --matrix … --key gpu` and
-# `frigg bench render --load load-gpu-1.json load-gpu-4.json --key load-gpu`.
-# NOT YET RUN on a GPU (no task of this project had one when it was written); expect to fix it
-# on its first run, and keep the rerun time in the device budget. Checked on the CPU machine with
-# the binary cuda-build.sh built (FRIGG_BIN=target-cuda/release/frigg SKIP_PARITY=1 SKIP_BENCH=1):
-# steps 1-2 pass (cuBLAS found, --version lists CUDA, env.json written); the smoke step then
-# fails as it must without a GPU. Step 6 was tried the same way with LOAD_DEVICES=cpu
-# MIMIR_GGUF=demo/frigg-demo.gguf LOAD_CTX=256 LOAD_S=5: both load runs complete, JSON written.
+# to docs/bench/ and render it into docs/benchmarks.md ("On a GPU": `frigg bench render --matrix …
+# --key gpu`, `gpu-vs`, `gpu-reuse`; `--load load-gpu-1.json load-gpu-4.json --key load-gpu`;
+# scripts/ncu_summary.py for PROFILE=1's ncu-b*.csv).
+# First run on an H200 (2026-12-04): every step ran in 165 s of the 480 s budget; the only fix it
+# needed was the device tests' CUDA bounds. Without a GPU (FRIGG_BIN=target-cuda/release/frigg
+# SKIP_BENCH=1 SKIP_LOAD=1) steps 1-2 pass and the smoke, parity and device tests fail as they
+# must; step 6 runs on the CPU with LOAD_DEVICES=cpu MIMIR_GGUF=demo/frigg-demo.gguf
+# LOAD_CTX=256 LOAD_S=5.
 #
 # Env: FRIGG_BIN (default: the frigg staged in .device), BUDGET_S (default 480, the script's own
 #      deadline), SKIP_PARITY=1, SKIP_BENCH=1, SKIP_LOAD=1, LOAD_S (default 30), MIMIR_GGUF (a
@@ -181,8 +181,8 @@ PY
 fi
 
 # 7. Where a decode step's time goes (PROFILE=1): Nsight Compute's duration of every kernel over
-#    a warm-up and 2 decode steps at batch 1 and at 64, summed per kernel name (ncu-b*.csv is
-#    the raw list; ncu serializes kernels, so the sum is GPU busy time, not the step's wall time).
+#    a warm-up and 2 decode steps at batch 1 and at 64, summed per kernel name by
+#    scripts/ncu_summary.py (ncu-b*.csv is the raw list).
 ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
 if [ "${PROFILE:-0}" = 1 ] && [ -n "$ncu" ] && [ -f "$mimir" ]; then
     for b in 1 64; do
@@ -190,19 +190,6 @@ if [ "${PROFILE:-0}" = 1 ] && [ -n "$ncu" ] && [ -f "$mimir" ]; then
             --launch-count 40000 --log-file "$OUT/ncu-b$b.csv" \
             "$bin" bench matrix "$mimir" --device gpu --batches "$b" --contexts 512 --kernels batched \
             --steps 2 --reps 1 --prefill 0 --threads "$threads" --json "$OUT/profile-b$b.json"
-        python3 - "$OUT/ncu-b$b.csv" <<'PY'
-import collections, csv, sys
-scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
-rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')) if r.get("Metric Name") == "gpu__time_duration.sum"]
-by = collections.defaultdict(lambda: [0, 0.0])
-for r in rows:
-    k = by[r["Kernel Name"].split("(")[0][:90]]
-    k[0] += 1
-    k[1] += float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0)
-total = sum(v[1] for v in by.values())
-print(f"{sys.argv[1]}: {len(rows)} kernels, {total / 1e3:.1f} ms of kernel time")
-for name, (n, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:
-    print(f"{us / 1e3:9.2f} ms {100 * us / total:5.1f}% {n:7d}x {us / n:8.2f} us  {name}")
-PY
+        python3 scripts/ncu_summary.py "$OUT/ncu-b$b.csv"
     done
 fi
