@@ -49,10 +49,10 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// For `n_stream` sequences of `n_ctx` positions with a `kv` cache.
-    pub fn new(file: &ModelFile, n_ctx: usize, n_stream: usize, kv: KvType) -> Self {
+    /// For `n_stream` sequences of `n_ctx` positions with a `kv` cache, on a GPU or the CPU.
+    pub fn new(file: &ModelFile, n_ctx: usize, n_stream: usize, kv: KvType, gpu: bool) -> Self {
         let hp = &file.hp;
-        let kv_bytes = hp.kv_bytes(((n_ctx + 1) * n_stream) as u64, kv.ggml());
+        let kv_bytes = hp.kv_bytes((super::kv::kv_cells(n_ctx, gpu) * n_stream) as u64, kv.ggml());
         // A full-context prefill: activations, FFN intermediates and the mask dominate.
         let compute = (n_ctx as u64) * (hp.n_embd as u64 * 16 + hp.n_ff as u64 * 12 + n_ctx as u64 * 2) + hp.n_vocab as u64 * 4 * n_stream as u64;
         Budget { weights: file.bytes, kv: kv_bytes, kv_per_stream: kv_bytes / n_stream.max(1) as u64, compute, total: file.bytes + kv_bytes + compute }

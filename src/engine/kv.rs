@@ -44,10 +44,19 @@ impl KvType {
     }
 }
 
-/// One K and one V tensor per virtual layer, each `[n_head*head_dim, cells*n_stream]`.
-/// Each stream has `cells = n_ctx.div_ceil(cell_multiple) * cell_multiple + 1` cells:
-/// positions `0..n_ctx`, cells no position reaches (none when `cell_multiple` is 1), and at
-/// index `n_ctx` the scratch cell that padding rows of a batched decode write to.
+/// Cells per stream of a cache for `n_ctx` positions: positions `0..n_ctx`, at index `n_ctx`
+/// the scratch cell that padding rows of a batched decode write to, and on a GPU the cells up to
+/// the next multiple of `KV_PAD`, so that the last bucket a decode step attends over is whole
+/// (ggml-cuda runs its vector flash-attention kernel for one query per stream only over a
+/// multiple of 256 cells, else its tensor-core kernel, 24 µs a call at 512 cells on an H200:
+/// docs/benchmarks.md, "On a GPU"). The CPU's attention has no such need, and keeps the memory.
+pub fn kv_cells(n_ctx: usize, gpu: bool) -> usize {
+    let multiple = if gpu { super::KV_PAD } else { 1 };
+    n_ctx.div_ceil(multiple) * multiple + 1
+}
+
+/// One K and one V tensor per virtual layer, each `[n_head*head_dim, cells*n_stream]`, with
+/// `cells = kv_cells(n_ctx, gpu)`.
 pub struct KvCache {
     pub n_ctx: usize,
     cells: usize,
@@ -59,7 +68,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(hp: &HParams, n_ctx: usize, cell_multiple: usize, n_stream: usize, ty: KvType, backend: &Backend) -> Result<KvCache, LoadError> {
+    pub fn new(hp: &HParams, n_ctx: usize, gpu: bool, n_stream: usize, ty: KvType, backend: &Backend) -> Result<KvCache, LoadError> {
         // Attention reads the cache one head at a time: a head's row must be whole blocks.
         let block = ty.ggml().block_size();
         if hp.head_dim as u64 % block != 0 {
@@ -68,7 +77,7 @@ impl KvCache {
         let n_vlayers = hp.n_virtual_layers() as usize;
         let mut arena = Arena::new(2 * n_vlayers)?;
         let width = hp.n_embd_attn() as i64;
-        let cells = n_ctx.div_ceil(cell_multiple.max(1)) * cell_multiple.max(1) + 1;
+        let cells = kv_cells(n_ctx, gpu);
         let rows = (cells * n_stream) as i64;
         let mut k = Vec::with_capacity(n_vlayers);
         let mut v = Vec::with_capacity(n_vlayers);
@@ -109,6 +118,24 @@ impl KvCache {
             buf.resize(row * len, 0);
             t.read(row * src * cells, &mut buf);
             t.write(row * dst * cells, &buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_cache_holds_the_widest_bucket_a_decode_step_reads() {
+        for n_ctx in [1, 255, 256, 257, 300, 512, 642, 4096] {
+            assert_eq!(kv_cells(n_ctx, false), n_ctx + 1, "the CPU keeps n_ctx + 1 cells");
+            // Engine::decode attends over the positions needed rounded up to KV_PAD, capped at
+            // the cells: on a GPU the cap must never cut the last bucket short.
+            let widest = n_ctx.div_ceil(super::super::KV_PAD) * super::super::KV_PAD;
+            let cells = kv_cells(n_ctx, true);
+            assert_eq!(widest.min(cells), widest, "n_ctx {n_ctx}: {cells} cells");
+            assert_eq!(cells, widest + 1, "n_ctx {n_ctx}: one scratch cell past the last bucket");
         }
     }
 }

@@ -311,13 +311,7 @@ impl Engine {
         if n_ctx > hp.n_ctx_train as usize {
             return Err(EngineError::ContextFull { needed: n_ctx, limit: hp.n_ctx_train as usize });
         }
-        // A decode step attends over whole KV_PAD buckets only if the cache holds the last
-        // bucket whole: on a GPU the cells past n_ctx are allocated (ggml-cuda runs its vector
-        // flash-attention kernel for one query per stream only over a multiple of 256 cells,
-        // else its tensor-core kernel, 24 µs a call at 512 cells on an H200: docs/benchmarks.md,
-        // "On a GPU"). The CPU's attention has no such need, and keeps the memory.
-        let cell_multiple = if opts.gpu { KV_PAD } else { 1 };
-        let kv = KvCache::new(&hp, n_ctx, cell_multiple, opts.n_stream.max(1), opts.kv_type, main)?;
+        let kv = KvCache::new(&hp, n_ctx, opts.gpu, opts.n_stream.max(1), opts.kv_type, main)?;
         let graph_size = ext::graph_nodes(&crate::engine::weights::c_hparams(&hp)) * 2;
         // Each scheduler ends with its own CPU backend (ggml requires the CPU last).
         let n = backends.len();

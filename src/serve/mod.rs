@@ -838,7 +838,9 @@ fn check_memory(o: &ServeOptions, file: &crate::engine::ModelFile) -> Result<usi
     if n_ctx > file.hp.n_ctx_train as usize {
         return Err(format!("--ctx {n_ctx} exceeds the model's context length {}", file.hp.n_ctx_train));
     }
-    let budget = crate::engine::Budget::new(file, n_ctx, o.slots, o.engine.kv_type);
+    // a GPU replica's cache rounds its cells up (engine::kv::kv_cells): the larger figure
+    let gpu = o.engine.gpu || o.devices.iter().any(|d| d.is_some());
+    let budget = crate::engine::Budget::new(file, n_ctx, o.slots, o.engine.kv_type, gpu);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     eprintln!(
         "frigg serve: weights {:.2} GiB · KV {:.1} MiB per slot × {} slots = {:.2} GiB ({} positions, {}) · compute ≈ {:.2} GiB · total ≈ {:.2} GiB",
