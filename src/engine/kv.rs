@@ -48,7 +48,7 @@ impl KvType {
 /// the scratch cell that padding rows of a batched decode write to, and on a GPU the cells up to
 /// the next multiple of `KV_PAD`, so that the last bucket a decode step attends over is whole
 /// (ggml-cuda runs its vector flash-attention kernel for one query per stream only over a
-/// multiple of 256 cells, else its tensor-core kernel, 24 µs a call at 512 cells on an H200:
+/// multiple of 256 cells, else its tensor-core kernel: 24 µs a call over 643 cells on an H200,
 /// docs/benchmarks.md, "On a GPU"). The CPU's attention has no such need, and keeps the memory.
 pub fn kv_cells(n_ctx: usize, gpu: bool) -> usize {
     let multiple = if gpu { super::KV_PAD } else { 1 };
