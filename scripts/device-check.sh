@@ -5,7 +5,7 @@
 # stages a stripped CUDA frigg in .device/, which is git-excluded and so must be carried:
 #   run(command="bash scripts/device-check.sh", carry=[".device"], timeout_s=540)
 # It uses the machine's own cuBLAS 13 and python3 (numpy) for the random Mimir checkpoint.
-# Leaves in $OUT (packed into results.tar.gz at exit, log.txt beside it): env.json, log.txt, parity-gpu.json, parity-cpu.json, device-tests.json, bench-gpu.json,
+# Leaves in $OUT log.txt and, packed into results.tar.gz at exit: env.json, parity-gpu.json, parity-cpu.json, device-tests.json, bench-gpu.json,
 # bench-gpu-vs.json, reuse-gpu.json (graph reuse per batch size), load-gpu-1.json and load-gpu-4.json (with the servers' logs); copy the JSON
 # to docs/bench/ and render it into docs/benchmarks.md ("On a GPU": `frigg bench render --matrix …
 # --key gpu`, `gpu-vs`, `gpu-reuse`; `--load load-gpu-1.json load-gpu-4.json --key load-gpu`;
@@ -54,10 +54,13 @@ step() {
     return $rc
 }
 
+# unpack ARCHIVE DIR: a .tar.xz staged in .device (python's tarfile: the machine may lack xz)
+unpack() { python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"; }
+
 # 1. The binary (xz-compressed when the build was large) and the cuBLAS 13 it links.
 #    cuda-build.sh stages .device/frigg and .device/device-tests, or both in .device/bins.tar.xz.
 if [ -f .device/bins.tar.xz ]; then
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .device/bins.tar.xz "$tmp"
+    unpack .device/bins.tar.xz "$tmp"
 else
     cp .device/frigg .device/device-tests "$tmp"/ 2>/dev/null
 fi
@@ -98,8 +101,8 @@ fi
 
 # 4b. The device tests (tests/device.rs, staged by cuda-build.sh as .device/device-tests):
 #     every tier against the goldens and against the CPU, a sequence alone and beside three
-#     others, a cancelled prefill, on the GPU. Their bounds were derived on lavapipe; what the GPU
-#     measured lands in device-tests.json either way. The fixtures are found through the crate
+#     others, a cancelled prefill, on the GPU, each held to the bounds measured for its backend
+#     (tests/device.rs); what the GPU measured lands in device-tests.json either way. The fixtures are found through the crate
 #     directory compiled in (.device/manifest-dir), linked to this tree when it is elsewhere.
 if [ "${SKIP_PARITY:-0}" != 1 ] && [ -x "$tmp/device-tests" ]; then
     built_in="$(cat .device/manifest-dir 2>/dev/null || true)"
@@ -114,7 +117,7 @@ fi
 #    vocabulary llama.cpp may refuse to pair with the model's 262,144 rows).
 if [ ! -f models/gemma4-tokenizer/tokenizer.json ] && [ -f .device/gemma4-tokenizer.tar.xz ]; then
     # staged here by: tar -cJf .device/gemma4-tokenizer.tar.xz -C models gemma4-tokenizer
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .device/gemma4-tokenizer.tar.xz models
+    unpack .device/gemma4-tokenizer.tar.xz models
 fi
 mimir="${MIMIR_GGUF:-$tmp/mimir-bf16.gguf}"
 if [ ! -f "$mimir" ] && { [ "${SKIP_BENCH:-0}" != 1 ] || [ "${SKIP_LOAD:-0}" != 1 ] || [ "${PROFILE:-0}" = 1 ]; }; then
