@@ -80,7 +80,7 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
             }
             for step in 0..steps {
                 let batch: Vec<(StreamId, TokenId)> = next.iter().enumerate().map(|(s, &n)| (StreamId(s), TokenId(n))).collect();
-                let rows = e.decode(&batch).unwrap();
+                let rows = e.decode(&batch).unwrap().to_vecs();
                 for (s, row) in rows.iter().enumerate() {
                     let bits: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
                     assert!(bits == singles[s].1[step], "{ty:?}/{kv:?} ({}): stream {s} of {n}, step {step}: logits differ from single-stream", e.kernels().unwrap());
@@ -240,7 +240,7 @@ fn teacher_forced_decode(gguf: &std::path::Path, opts: EngineOptions) -> Vec<Vec
     (0..10u32)
         .map(|t| {
             let batch: Vec<(StreamId, TokenId)> = next.iter().enumerate().map(|(s, &n)| (StreamId(s), TokenId(if t == 0 { n } else { 5 + t }))).collect();
-            e.decode(&batch).unwrap()
+            e.decode(&batch).unwrap().to_vecs()
         })
         .collect()
 }
@@ -328,7 +328,7 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
             // 5 and 6 are a full group and a partial one
             let n = 1 + (t as usize % 6);
             let batch: Vec<(StreamId, TokenId)> = next.iter().take(n).enumerate().map(|(s, &tok)| (StreamId(s), TokenId(tok + t))).collect();
-            for row in e.decode(&batch).unwrap() {
+            for row in &e.decode(&batch).unwrap() {
                 bits.push(row.iter().map(|x| x.to_bits()).collect());
             }
         }
@@ -479,7 +479,7 @@ fn prefill_attention_matches_flash_attention() {
         assert_eq!(e.kernels().unwrap().prefill_attention.extension, extension && frigg::ggml::ext::prefill_attention_supported(kv_type.ggml(), 16));
         let rows = e.prefill(StreamId(0), TokenId::slice(&tokens), Some(&types), Rows::All).unwrap();
         assert_eq!(rows.len(), tokens.len());
-        vec![rows]
+        vec![rows.to_vecs()]
     };
     let (ours, flash) = (run(KvType::F32, true), run(KvType::F32, false));
     let d = max_abs_diff(&ours, &flash);

@@ -19,7 +19,7 @@ pub use kernels::{KernelChoice, KernelPlan};
 pub use kv::{KvCache, KvType};
 
 use crate::engine::arch::HParams;
-use crate::ggml::compute::{Backend, ComputeError, Scheduler};
+use crate::ggml::compute::{Backend, ComputeError, HostBuffer, Scheduler};
 use crate::ggml::ext::{self, fill_mask, StepInputs};
 
 pub use crate::ggml::compute::Cancel;
@@ -46,6 +46,72 @@ pub enum EngineError {
     Build(#[from] ext::BuildRefused),
     #[error("the computation was cancelled")]
     Cancelled,
+}
+
+/// The logits of one forward: `len()` rows of `n_vocab` f32s, in the order asked for. A decode
+/// step's rows (and a prefill's, when they fit) are read straight from the engine's output
+/// buffer, which they borrow until dropped; copy a row out to keep it past the next forward.
+#[derive(Debug)]
+pub struct Logits<'a> {
+    data: std::borrow::Cow<'a, [f32]>,
+    n_vocab: usize,
+    /// Row `i` of the result is row `rows[i]` of `data`.
+    rows: Vec<usize>,
+}
+
+impl Logits<'_> {
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        let r = self.rows[i];
+        &self.data[r * self.n_vocab..(r + 1) * self.n_vocab]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &[f32]> {
+        (0..self.len()).map(|i| self.row(i))
+    }
+
+    /// Row `i` copied into `dst` (which keeps its allocation: no page faults at 262k floats).
+    pub fn copy_row_to(&self, i: usize, dst: &mut Vec<f32>) {
+        dst.clear();
+        dst.extend_from_slice(self.row(i));
+    }
+
+    /// Every row, copied out.
+    pub fn to_vecs(&self) -> Vec<Vec<f32>> {
+        self.iter().map(<[f32]>::to_vec).collect()
+    }
+}
+
+impl<'b> IntoIterator for &'b Logits<'_> {
+    type Item = &'b [f32];
+    type IntoIter = Box<dyn Iterator<Item = &'b [f32]> + 'b>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+impl std::ops::Index<usize> for Logits<'_> {
+    type Output = [f32];
+
+    fn index(&self, i: usize) -> &[f32] {
+        self.row(i)
+    }
+}
+
+/// Where `Engine::run` put a forward's logits.
+enum RunOutput {
+    /// The first rows of the engine's output buffer.
+    Buffer,
+    /// More rows than the buffer holds (a prefill asking for every row).
+    Owned(Vec<f32>),
 }
 
 impl From<ext::BuildError> for EngineError {
@@ -224,6 +290,9 @@ pub struct Engine {
     graphs: GraphStats,
     /// `Graph::signature` of the decode graph after its last run.
     decode_signature: Option<u64>,
+    /// A decode step's logits, `n_vocab` per stream, in the memory the device copies into
+    /// fastest (`HostBuffer`): read once per step with no allocation.
+    logits: HostBuffer,
 }
 
 /// Intermediate-tensor dumps for parity diffs: every F32 node whose name contains `filter`
@@ -360,7 +429,9 @@ impl Engine {
         if let Some(k) = &kernels {
             tracing::info!("{k}");
         }
+        let logits = HostBuffer::for_backend(main, hp.n_vocab as usize * opts.n_stream.max(1), "logits")?;
         let mut engine = Engine {
+            logits,
             model,
             kv,
             sched_first,
@@ -497,38 +568,52 @@ impl Engine {
         Ok(ext::build(&self.model.view(), &self.kv.view(), step, self.graph_size)?)
     }
 
-    /// Runs a built step with its inputs and returns `n_out` rows of logits.
+    /// Runs a built step with its inputs; its `n_out` rows of logits go to the output buffer
+    /// when they fit (`logits_of` reads them).
     /// `cancel` (first forwards only) is asked between graph nodes: by the CPU backend after
     /// each node, and on a GPU engine also by the scheduler between pieces of the graph.
-    fn run(&mut self, first: bool, built: &ext::Step, inputs: &StepInputs, cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
+    fn run(&mut self, first: bool, built: &ext::Step, inputs: &StepInputs, cancel: Option<&Cancel>) -> Result<RunOutput, EngineError> {
         let sched = if first { &mut self.sched_first } else { &mut self.sched_decode };
         // backends = [GPU…, CPU for first forwards, CPU for decode].
         let on_gpu = self.backends.len() > 2;
         let cpu_first = &self.backends[self.backends.len() - 2];
         let cancel = cancel.filter(|_| first);
         let _cancel_guard = cancel.map(|c| cpu_first.cancel_when(c));
-        let n_vocab = self.model.hp.n_vocab as usize;
-        let mut flat = vec![0f32; n_vocab * inputs.out_rows.len()];
-        built.run(sched, inputs, &mut flat, cancel.filter(|_| on_gpu)).map_err(|e| match e {
+        let n = self.model.hp.n_vocab as usize * inputs.out_rows.len();
+        let mut owned = (n > self.logits.len()).then(|| vec![0f32; n]);
+        let out = match owned.as_mut() {
+            Some(v) => v.as_mut_slice(),
+            None => &mut self.logits.as_mut_slice()[..n],
+        };
+        built.run(sched, inputs, out, cancel.filter(|_| on_gpu)).map_err(|e| match e {
             ComputeError::Cancelled => EngineError::Cancelled,
             e => EngineError::Compute(e),
         })?;
         if let Some(f) = &self.dumped_forwards {
             f.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        Ok(flat.chunks(n_vocab).map(<[f32]>::to_vec).collect())
+        Ok(owned.map_or(RunOutput::Buffer, RunOutput::Owned))
+    }
+
+    /// The logits `run` wrote, as rows `rows` of them.
+    fn logits_of(&self, out: RunOutput, rows: Vec<usize>) -> Logits<'_> {
+        let data = match out {
+            RunOutput::Buffer => std::borrow::Cow::Borrowed(self.logits.as_slice()),
+            RunOutput::Owned(v) => std::borrow::Cow::Owned(v),
+        };
+        Logits { data, n_vocab: self.model.hp.n_vocab as usize, rows }
     }
 
     /// The first forward of a sequence in `stream`: all `tokens` at positions `0..n`, with the
     /// PrefixLM mask from `token_types` (None = causal; a prompt is all ones). Writes the
     /// stream's cache and returns logits for the requested rows.
-    pub fn prefill(&mut self, stream: StreamId, tokens: &[TokenId], token_types: Option<&[i32]>, rows: Rows) -> Result<Vec<Vec<f32>>, EngineError> {
+    pub fn prefill(&mut self, stream: StreamId, tokens: &[TokenId], token_types: Option<&[i32]>, rows: Rows) -> Result<Logits<'_>, EngineError> {
         self.prefill_cancellable(stream, tokens, token_types, rows, None)
     }
 
     /// `prefill`, stopped between graph nodes once `cancel` says so (on the CPU): then it
     /// returns `ComputeError::Cancelled` and the stream stays free.
-    pub fn prefill_cancellable(&mut self, stream: StreamId, tokens: &[TokenId], token_types: Option<&[i32]>, rows: Rows, cancel: Option<&Cancel>) -> Result<Vec<Vec<f32>>, EngineError> {
+    pub fn prefill_cancellable(&mut self, stream: StreamId, tokens: &[TokenId], token_types: Option<&[i32]>, rows: Rows, cancel: Option<&Cancel>) -> Result<Logits<'_>, EngineError> {
         let _span = tracing::debug_span!("prefill", stream = stream.0, tokens = tokens.len()).entered();
         if stream.0 >= self.kv.n_stream {
             return Err(EngineError::BadStream(stream.0));
@@ -564,7 +649,7 @@ impl Engine {
         self.sched_first.forget(built.graph());
         let logits = logits?;
         self.lens[stream.0] = Some(n);
-        Ok(logits)
+        Ok(self.logits_of(logits, (0..out.len()).collect()))
     }
 
     /// One decode step: each `(stream, token)` appends `token` at its stream's next position.
@@ -573,7 +658,7 @@ impl Engine {
     ///
     /// Batch invariance: decode runs on the CPU backend with ggml's reference kernels, whose
     /// arithmetic per output element does not depend on how many rows the step has.
-    pub fn decode(&mut self, batch: &[(StreamId, TokenId)]) -> Result<Vec<Vec<f32>>, EngineError> {
+    pub fn decode(&mut self, batch: &[(StreamId, TokenId)]) -> Result<Logits<'_>, EngineError> {
         let _span = tracing::debug_span!("decode", streams = batch.len()).entered();
         let tokens: Vec<TokenId> = batch.iter().map(|b| b.1).collect();
         self.check_tokens(&tokens)?;
@@ -588,7 +673,7 @@ impl Engine {
             n_kv_needed = n_kv_needed.max(len + 1);
         }
         if batch.is_empty() {
-            return Ok(vec![]);
+            return Ok(Logits { data: std::borrow::Cow::Borrowed(&[]), n_vocab: self.model.hp.n_vocab as usize, rows: vec![] });
         }
         let cells = self.kv.cells_per_stream();
         let n_kv = (n_kv_needed.div_ceil(KV_PAD) * KV_PAD).min(cells);
@@ -631,11 +716,12 @@ impl Engine {
         }
         self.decode_signature = Some(signature);
         self.decode_graph = Some(built);
-        let mut logits = logits?;
+        let logits = logits?;
         for &(StreamId(s), _) in batch {
             *self.lens[s].as_mut().expect("checked") += 1;
         }
-        Ok(batch.iter().map(|&(StreamId(s), _)| std::mem::take(&mut logits[s])).collect())
+        // output row s is stream s
+        Ok(self.logits_of(logits, batch.iter().map(|&(StreamId(s), _)| s).collect()))
     }
 
     /// Benchmarks only: marks `len` positions of `stream` as filled without computing them

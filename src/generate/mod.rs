@@ -66,7 +66,7 @@ pub fn generate(engine: &mut Engine, tok: &Tokenizer, req: &Request, mut on_piec
     let types = req.token_types.clone().unwrap_or_else(|| vec![1; req.prompt.len()]);
     let t0 = Instant::now();
     let stream = StreamId(0);
-    let mut logits = engine.prefill(stream, TokenId::slice(&req.prompt), Some(&types), Rows::Last)?.pop().expect("one row");
+    let mut logits = engine.prefill(stream, TokenId::slice(&req.prompt), Some(&types), Rows::Last)?.row(0).to_vec();
     let prefill = t0.elapsed();
     let t1 = Instant::now();
     let params = SequenceParams { sampling: req.sampling.clone(), stops: req.stops.clone(), ignore_eos: req.ignore_eos, max_tokens: req.max_tokens, logprobs: None };
@@ -84,7 +84,7 @@ pub fn generate(engine: &mut Engine, tok: &Tokenizer, req: &Request, mut on_piec
     let result = (|| {
         while let Some(token) = seq.advance(tok, &mut logits, &mut out).map_err(GenerateError::Sequence)? {
             emit(&mut out);
-            logits = engine.decode(&[(stream, TokenId(token))])?.pop().expect("one row");
+            engine.decode(&[(stream, TokenId(token))])?.copy_row_to(0, &mut logits);
         }
         emit(&mut out);
         Ok::<(), GenerateError>(())

@@ -286,6 +286,61 @@ impl BufferType {
     }
 }
 
+/// F32s in host memory that `backend` copies into fastest: the device's pinned host buffer
+/// type where it has one (ggml-cuda's `cudaMallocHost`), else plain CPU memory. Allocated once,
+/// so reading a step's output into it costs neither page faults nor a staging copy.
+#[derive(Debug)]
+pub struct HostBuffer {
+    buffer: Buffer,
+    len: usize,
+}
+
+impl HostBuffer {
+    pub fn for_backend(backend: &Backend, len: usize, what: &str) -> Result<Self, ComputeError> {
+        let bytes = (len * 4).max(4);
+        // SAFETY: valid backend; a device's host buffer type is static (NULL when it has none).
+        let buft = unsafe {
+            let dev = sys::ggml_backend_get_device(backend.raw());
+            let host = if dev.is_null() { std::ptr::null_mut() } else { sys::ggml_backend_dev_host_buffer_type(dev) };
+            if host.is_null() { sys::ggml_backend_cpu_buffer_type() } else { host }
+        };
+        // SAFETY: a host buffer type; the result is checked for NULL.
+        let p = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, bytes) };
+        let ptr = NonNull::new(p).ok_or(ComputeError::Alloc { what: format!("{what} (host)"), bytes })?;
+        let buffer = Buffer { ptr };
+        // SAFETY: valid buffer; host buffer types give host memory.
+        if !unsafe { sys::ggml_backend_buffer_is_host(buffer.ptr.as_ptr()) } {
+            return Err(ComputeError::Alloc { what: format!("{what}: the host buffer type gave device memory"), bytes });
+        }
+        Ok(HostBuffer { buffer, len })
+    }
+
+    /// Whether the memory is the device's pinned host memory (not plain CPU memory).
+    pub fn is_pinned(&self) -> bool {
+        // SAFETY: valid buffer.
+        unsafe { sys::ggml_backend_buffer_get_type(self.buffer.ptr.as_ptr()) != sys::ggml_backend_cpu_buffer_type() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[f32] {
+        // SAFETY: host memory of at least len f32s (ggml aligns buffers far beyond 4 bytes),
+        // owned by self and only written through &mut self.
+        unsafe { std::slice::from_raw_parts(sys::ggml_backend_buffer_get_base(self.buffer.ptr.as_ptr()) as *const f32, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as as_slice, borrowed uniquely.
+        unsafe { std::slice::from_raw_parts_mut(sys::ggml_backend_buffer_get_base(self.buffer.ptr.as_ptr()) as *mut f32, self.len) }
+    }
+}
+
 /// An allocated backend buffer holding the tensors of one arena.
 #[derive(Debug)]
 struct Buffer {

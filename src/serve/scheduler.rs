@@ -209,11 +209,11 @@ fn admit(engine: &mut Engine, job: Job, active: &mut Vec<Seq>, stats: &Stats) {
     // The first mask is computed while the prompt is prefilled.
     let mut constraint = job.grammar.as_ref().map(|g| g.compiled.constraint());
     let pending = constraint.iter_mut().map(|c| (c, job.max_tokens)).collect();
-    let prefilled = crate::generate::constrain::masks_beside(pending, || engine.prefill_cancellable(free[0], TokenId::slice(&job.prompt), Some(&ones), Rows::Last, Some(&cancel)));
+    let prefilled = crate::generate::constrain::masks_beside(pending, || engine.prefill_cancellable(free[0], TokenId::slice(&job.prompt), Some(&ones), Rows::Last, Some(&cancel))).map(|l| l.row(0).to_vec());
     Stats::add_time(&stats.prefill_us, t0);
     *stats.graphs.lock().expect("stats lock") = engine.graph_stats();
     let logits = match prefilled {
-        Ok(mut l) => l.pop().expect("one row"),
+        Ok(l) => l,
         Err(EngineError::Cancelled) => return, // its stream stays free
         Err(e) => {
             let _ = job.events.send(Event::Error(e.to_string()));
@@ -271,6 +271,12 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     let t0 = Instant::now();
     let constraints = active.iter_mut().filter_map(|s| s.seq.pending_mask()).collect();
     let decoded = crate::generate::constrain::masks_beside(constraints, || engine.decode(&pairs));
+    // each sequence keeps its row in its own buffer (reused: no allocation per step)
+    let decoded = decoded.map(|rows| {
+        for (i, seq) in active.iter_mut().enumerate() {
+            rows.copy_row_to(i, &mut seq.logits);
+        }
+    });
     Stats::add_time(&stats.decode_us, t0);
     *stats.graphs.lock().expect("stats lock") = engine.graph_stats();
     stats.decode_steps.fetch_add(1, Ordering::Relaxed);
@@ -278,11 +284,7 @@ fn step(engine: &mut Engine, tok: &Tokenizer, active: &mut Vec<Seq>, stats: &Sta
     let padding = pairs.iter().map(|p| p.0 .0 + 1).max().unwrap_or(0) - pairs.len();
     stats.decode_padding_rows.fetch_add(padding, Ordering::Relaxed);
     match decoded {
-        Ok(rows) => {
-            for (seq, row) in active.iter_mut().zip(rows) {
-                seq.logits = row;
-            }
-        }
+        Ok(()) => {}
         Err(e) => {
             for seq in active.drain(..) {
                 let _ = seq.job.events.send(Event::Error(e.to_string()));

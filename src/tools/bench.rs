@@ -729,7 +729,7 @@ pub fn grammar(o: &GrammarOptions) -> Result<Vec<GrammarCell>, String> {
                 for s in 0..b {
                     e.fill_for_benchmark(StreamId(s), o.context).map_err(|e| e.to_string())?;
                 }
-                let mut logits: Vec<Vec<f32>> = e.decode(&(0..b).map(|s| (StreamId(s), TokenId(1000 + s as u32))).collect::<Vec<_>>()).map_err(|e| e.to_string())?;
+                let mut logits: Vec<Vec<f32>> = e.decode(&(0..b).map(|s| (StreamId(s), TokenId(1000 + s as u32))).collect::<Vec<_>>()).map_err(|e| e.to_string())?.to_vecs();
                 let t0 = Instant::now();
                 for _ in 0..o.steps {
                     let mut batch = Vec::with_capacity(b);
@@ -751,7 +751,10 @@ pub fn grammar(o: &GrammarOptions) -> Result<Vec<GrammarCell>, String> {
                         batch.push((StreamId(s), TokenId(token)));
                     }
                     let pending = cons.iter_mut().flatten().map(|c| (c, budget)).collect();
-                    logits = masks_beside(pending, || e.decode(&batch)).map_err(|e| e.to_string())?;
+                    let rows = masks_beside(pending, || e.decode(&batch)).map_err(|e| e.to_string())?;
+                    for (s, row) in logits.iter_mut().enumerate() {
+                        rows.copy_row_to(s, row);
+                    }
                 }
                 let tok_s = (b * o.steps) as f64 / t0.elapsed().as_secs_f64();
                 for s in 0..b {

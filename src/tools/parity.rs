@@ -46,8 +46,9 @@ pub fn run_case(engine: &mut Engine, case: &Case, keep_logits: bool) -> Result<C
     };
     let rows = if verify { Rows::All } else { Rows::Last };
     let logits = engine.prefill(StreamId(0), TokenId::slice(&case.input_ids), types.as_deref(), rows)?;
-    let last = logits.last().expect("at least one row").clone();
-    let all_argmax = verify.then(|| logits.iter().map(|r| argmax(r)).collect());
+    let last = logits.row(logits.len() - 1).to_vec();
+    let all_argmax = verify.then(|| logits.iter().map(argmax).collect());
+    drop(logits);
     let mut greedy = vec![];
     if case.max_new > 0 {
         let mut next = argmax(&last);
