@@ -178,7 +178,7 @@ fn prompts_run(e: &mut Engine) -> Vec<(Vec<f32>, Vec<u32>)> {
         .iter()
         .map(|p| {
             let ones = vec![1; p.len()];
-            let last = e.prefill(StreamId(0), TokenId::slice(p), Some(&ones), Rows::Last).unwrap().remove(0);
+            let last = e.prefill(StreamId(0), TokenId::slice(p), Some(&ones), Rows::Last).unwrap().row(0).to_vec();
             let mut toks = vec![argmax(&last)];
             for _ in 0..7 {
                 let l = e.decode(&[(StreamId(0), TokenId(*toks.last().unwrap()))]).unwrap();
@@ -252,8 +252,8 @@ fn batched_decode_on_the_device() {
         for _ in 0..STEPS {
             let pairs: Vec<(StreamId, TokenId)> = next.iter().enumerate().map(|(s, &t)| (StreamId(s), TokenId(t))).collect();
             let rows = e.decode(&pairs).unwrap();
-            next = rows.iter().map(|r| argmax(r)).collect();
-            rows0.push(rows[0].clone());
+            next = rows.iter().map(argmax).collect();
+            rows0.push(rows[0].to_vec());
         }
         for s in 0..batch {
             e.release(StreamId(s));
@@ -280,10 +280,10 @@ fn cancelled_prefill_on_the_device_frees_the_stream_and_changes_nothing() {
     let ones = vec![1; prompt.len()];
     let run = |e: &mut Engine| -> Vec<Vec<u32>> {
         let mut rows = vec![];
-        let mut l = e.prefill(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last).unwrap().remove(0);
+        let mut l = e.prefill(StreamId(0), TokenId::slice(prompt), Some(&ones), Rows::Last).unwrap().row(0).to_vec();
         for _ in 0..4 {
             rows.push(l.iter().map(|x| x.to_bits()).collect());
-            l = e.decode(&[(StreamId(0), TokenId(argmax(&l)))]).unwrap().remove(0);
+            l = e.decode(&[(StreamId(0), TokenId(argmax(&l)))]).unwrap().row(0).to_vec();
         }
         e.release(StreamId(0));
         rows
