@@ -62,6 +62,9 @@ struct hrm_layer {
     struct ggml_tensor * ffn_gate;   // [n_embd, n_ff]
     struct ggml_tensor * ffn_up;     // [n_embd, n_ff]
     struct ggml_tensor * ffn_down;   // [n_ff, n_embd]
+    struct ggml_tensor * attn_gqkv;  // [n_embd, 4*n_head*head_dim]: attn_gate, attn_q, attn_k,
+                                     // attn_v stacked by rows (the four are its row blocks), or
+                                     // NULL: the builder multiplies the four apart
 };
 
 struct hrm_model {

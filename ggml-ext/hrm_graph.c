@@ -29,16 +29,31 @@ static struct ggml_tensor * hrm_attention(struct hrm_build * b, const struct hrm
     const struct hrm_hparams * hp = &b->m->hp;
     const int64_t hd = hp->head_dim, nh = hp->n_head, T = b->step->n_tokens, S = b->step->n_stream;
 
-    struct ggml_tensor * gate = hrm_mul_mat(b, w->attn_gate, n);  // [hd*nh, n_tok]
+    struct ggml_tensor * gate, * q, * k, * v;  // gate, v [hd*nh, n_tok]; q, k [hd, nh, n_tok]
+    if (w->attn_gqkv) {
+        // the four projections as one product [4*hd*nh, n_tok]; each is a block of its rows
+        struct ggml_tensor * gqkv = hrm_mul_mat(b, w->attn_gqkv, n);
+        const size_t part = ggml_row_size(gqkv->type, hd * nh), head = ggml_row_size(gqkv->type, hd);
+        gate = ggml_view_2d(ctx, gqkv, hd * nh, b->n_tok, gqkv->nb[1], 0);
+        q = ggml_view_3d(ctx, gqkv, hd, nh, b->n_tok, head, gqkv->nb[1], 1 * part);
+        k = ggml_view_3d(ctx, gqkv, hd, nh, b->n_tok, head, gqkv->nb[1], 2 * part);
+        v = ggml_view_2d(ctx, gqkv, hd * nh, b->n_tok, gqkv->nb[1], 3 * part);
+        if (!ggml_is_contiguous(gate)) {
+            gate = ggml_cont(ctx, gate);  // ggml-cuda's sigmoid reads whole rows only
+        }
+        if (b->step->first && !ggml_is_contiguous(v)) {
+            v = ggml_cont(ctx, v);  // attended as [hd, nh, T, S] below
+        }
+    } else {
+        gate = hrm_mul_mat(b, w->attn_gate, n);
+        q = ggml_reshape_3d(ctx, hrm_mul_mat(b, w->attn_q, n), hd, nh, b->n_tok);
+        k = ggml_reshape_3d(ctx, hrm_mul_mat(b, w->attn_k, n), hd, nh, b->n_tok);
+        v = hrm_mul_mat(b, w->attn_v, n);
+    }
     HRM_NAME(gate, vl, "attn_gate_proj");
-    struct ggml_tensor * q = hrm_mul_mat(b, w->attn_q, n);
-    struct ggml_tensor * k = hrm_mul_mat(b, w->attn_k, n);
-    struct ggml_tensor * v = hrm_mul_mat(b, w->attn_v, n);
     HRM_NAME(v, vl, "v");
 
     // rotate_half RoPE over the full head (NEOX), positions from io->pos
-    q = ggml_reshape_3d(ctx, q, hd, nh, b->n_tok);
-    k = ggml_reshape_3d(ctx, k, hd, nh, b->n_tok);
     q = ggml_rope_ext(ctx, q, b->io->pos, NULL, (int) hd, GGML_ROPE_TYPE_NEOX, hp->n_ctx_train,
                       hp->rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
     k = ggml_rope_ext(ctx, k, b->io->pos, NULL, (int) hd, GGML_ROPE_TYPE_NEOX, hp->n_ctx_train,

@@ -494,3 +494,30 @@ fn prefill_attention_matches_flash_attention() {
     assert!(d <= 0.5 * d_flash, "F16 cache: the two differ by {d:e}, more than half the cache's own rounding ({d_flash:e})");
     assert!(d_ours <= 1.25 * d_flash, "F16 cache: the extension ({d_ours:e}) is further than flash attention ({d_flash:e}) from the F32-cache run");
 }
+
+/// Stacking each block's attention gate, q, k and v into one weight (what GPU engines load)
+/// changes which matmul computes them, not what: every output row is the same dot product, so on
+/// the CPU the logits keep their bits, for a prompt's every row and for batched decode steps,
+/// with an F32 cache (the first forward then copies the strided value rows) and an F16 one
+/// (it rounds them), at F32 and Q8_0 weights.
+#[test]
+fn stacked_projections_keep_every_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = prompts().concat().into_iter().cycle().take(40).collect();
+    for ty in [OutType::F32, OutType::Q8_0] {
+        let gguf = dir.path().join(format!("{ty:?}.gguf"));
+        convert_to(&ckpt("tiny-packed"), &gguf, ty);
+        for kv_type in [KvType::F32, KvType::F16] {
+            let run = |stacked: bool| -> (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>) {
+                let opts = EngineOptions { kv_type, stacked_projections: Some(stacked), extra_buffers: false, decode_matmul: KernelChoice::Ggml, ..Default::default() };
+                let mut e = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, ..opts.clone() }).unwrap();
+                assert_eq!(e.model.fused_blocks, if stacked { 2 * e.hparams().layers_per_stack as usize } else { 0 });
+                let prompt = e.prefill(StreamId(0), TokenId::slice(&tokens), None, Rows::All).unwrap().to_vecs();
+                (prompt, teacher_forced_decode(&gguf, opts))
+            };
+            let (apart, stacked) = (run(false), run(true));
+            assert!(apart.0 == stacked.0, "{ty:?}/{kv_type:?}: a prompt's logits change when the projections are stacked");
+            assert!(apart.1 == stacked.1, "{ty:?}/{kv_type:?}: decode logits change when the projections are stacked");
+        }
+    }
+}

@@ -173,6 +173,12 @@ pub struct EngineOptions {
     /// Prefill attention (first forwards) on a CPU: the extension's (`ggml-ext/hrm_prefill.c`)
     /// or ggml's flash attention; by default timed at load.
     pub prefill_attention: KernelChoice,
+    /// Each block's attention gate, q, k and v loaded as one weight of stacked rows, so a layer
+    /// multiplies them in one matmul (`Model::load`). None: on GPU engines, where a
+    /// matrix-vector product of four times the rows reads the weights faster than four launches
+    /// do; CPU engines keep them apart (the extension's CPU kernels and ggml's extra buffer types
+    /// take each weight in its own layout).
+    pub stacked_projections: Option<bool>,
 }
 
 impl Default for EngineOptions {
@@ -189,6 +195,7 @@ impl Default for EngineOptions {
             decode_attention: KernelChoice::Measure,
             decode_matmul: KernelChoice::Measure,
             prefill_attention: KernelChoice::Measure,
+            stacked_projections: None,
         }
     }
 }
@@ -197,8 +204,11 @@ impl EngineOptions {
     /// The decode kernels the environment forces (to measure them one at a time:
     /// scripts/bench-ab.sh): FRIGG_DECODE_ATTENTION=flash|ext|measure,
     /// FRIGG_PREFILL_ATTENTION=flash|ext|measure, FRIGG_DECODE_MATMUL=ggml|ext|measure,
-    /// FRIGG_EXTRA_BUFFERS=0 (every weight in plain memory).
+    /// FRIGG_EXTRA_BUFFERS=0 (every weight in plain memory), FRIGG_STACKED_PROJECTIONS=0|1.
     pub fn levers_from_env(mut self) -> Self {
+        if let Ok(v) = std::env::var("FRIGG_STACKED_PROJECTIONS") {
+            self.stacked_projections = Some(v != "0");
+        }
         if std::env::var("FRIGG_EXTRA_BUFFERS").is_ok_and(|v| v == "0") {
             self.extra_buffers = false;
         }
@@ -374,7 +384,7 @@ impl Engine {
         } else {
             Placement::Fastest
         };
-        let model = Model::load(path, main, &placement)?;
+        let model = Model::load(path, main, &placement, opts.stacked_projections.unwrap_or(opts.gpu))?;
         let hp = model.hp.clone();
         let n_ctx = if opts.n_ctx == 0 { hp.n_ctx_train as usize } else { opts.n_ctx };
         if n_ctx > hp.n_ctx_train as usize {

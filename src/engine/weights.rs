@@ -35,6 +35,8 @@ pub struct Model {
     pub weight_bytes: Vec<(String, usize, String)>,
     /// Under `Placement::BatchInvariant`: each extra buffer type checked, and the verdict.
     pub placement_checks: Vec<String>,
+    /// Blocks whose attention gate, q, k and v were loaded as one weight (`ext::Layer::attn_gqkv`).
+    pub fused_blocks: usize,
     tok_embd: Tensor,
     /// None: tied to `tok_embd`.
     output: Option<Tensor>,
@@ -90,7 +92,10 @@ impl Model {
     /// Loads `path` for `backend`, on a CPU placing the weights as `placement` says; on a GPU
     /// the embedding stays in host memory (get_rows runs on the CPU there).
     /// Long on purpose: one walk over the file's tensor table, placing and typing each weight.
-    pub fn load(path: &Path, backend: &Backend, placement: &Placement) -> Result<Model, LoadError> {
+    /// With `fuse`, each block's attention gate, q, k and v are loaded as one weight of stacked
+    /// rows where they can be (same type and width, in a buffer type with plain row-major
+    /// memory that runs the stacked matmul): one product per layer for the four.
+    pub fn load(path: &Path, backend: &Backend, placement: &Placement, fuse: bool) -> Result<Model, LoadError> {
         let g = GgufFile::open(path)?;
         let infos = g.tensors();
         let (hp, problems) = super::arch::check_runnable(&g, &infos);
@@ -109,7 +114,18 @@ impl Model {
         // One arena per buffer type used, in the order first used.
         let mut homes: Vec<(BufferType, Arena)> = vec![];
         let mut tensors: HashMap<String, (Tensor, u64, u64)> = HashMap::new();
+        // the four projections of an attention block that may be stacked, by name → block
+        const STACKED: [LayerWeight; 4] = [LayerWeight::AttnGate, LayerWeight::AttnQ, LayerWeight::AttnK, LayerWeight::AttnV];
+        let stackable: HashMap<String, u32> = if fuse {
+            (0..2 * hp.layers_per_stack).flat_map(|bid| STACKED.map(|lw| (arch::block_tensor(bid, lw), bid))).collect()
+        } else {
+            HashMap::new()
+        };
+        let mut gqkv: HashMap<u32, Tensor> = HashMap::new();
         for spec in &specs {
+            if tensors.contains_key(&spec.name) {
+                continue; // a row block of a stacked weight, made with it
+            }
             let info = infos.iter().find(|t| t.name == spec.name).expect("checked by check_runnable");
             if !computable(info.ty) {
                 return Err(LoadError::UnsupportedType { path: path.to_path_buf(), name: info.name.clone(), ty: info.ty.name() });
@@ -164,13 +180,34 @@ impl Model {
             let at = match homes.iter().position(|(b, _)| *b == buft) {
                 Some(i) => i,
                 None => {
-                    homes.push((buft, Arena::new(specs.len() + 1)?));
+                    homes.push((buft, Arena::new(specs.len() + 2 * hp.layers_per_stack as usize + 1)?));
                     homes.len() - 1
                 }
             };
-            let t = homes[at].1.tensor(&spec.name, info.ty, dims);
-            tensors.insert(spec.name.clone(), (t, info.offset, info.size));
+            let parts = stackable.get(&spec.name).map(|&bid| (bid, STACKED.map(|lw| infos.iter().find(|t| t.name == arch::block_tensor(bid, lw)).expect("checked by check_runnable"))));
+            let stacked_dims = [dims[0], 4 * dims.get(1).copied().unwrap_or(0)];
+            // (ggml's CPU buffer type names no device to ask; host memory runs any matmul)
+            let plain_rows = buft == backend.buffer_type() || buft == BufferType::cpu();
+            match parts {
+                Some((bid, parts)) if plain_rows && parts.iter().all(|p| p.ty == info.ty && p.shape.dims() == dims) && (buft == BufferType::cpu() || buft.supports_weight(info.ty, &stacked_dims, uses)) => {
+                    let arena = &mut homes[at].1;
+                    let all = arena.tensor(&format!("blk.{bid}.attn_gqkv"), info.ty, &stacked_dims);
+                    for (i, p) in parts.iter().enumerate() {
+                        let t = arena.rows_of(&all, &p.name, i as i64 * dims[1], dims[1]);
+                        tensors.insert(p.name.clone(), (t, p.offset, p.size));
+                    }
+                    gqkv.insert(bid, all);
+                }
+                _ => {
+                    let t = homes[at].1.tensor(&spec.name, info.ty, dims);
+                    tensors.insert(spec.name.clone(), (t, info.offset, info.size));
+                }
+            }
         }
+        if !gqkv.is_empty() {
+            tracing::info!("weights: attention gate, q, k and v stacked into one weight in {} of {} blocks", gqkv.len(), 2 * hp.layers_per_stack);
+        }
+        let fused_blocks = gqkv.len();
         let mut weight_bytes = vec![];
         for (buft, arena) in &mut homes {
             let size = arena.alloc(*buft, "weights")?;
@@ -201,6 +238,7 @@ impl Model {
                 ffn_gate: w(LayerWeight::FfnGate)?,
                 ffn_up: w(LayerWeight::FfnUp)?,
                 ffn_down: w(LayerWeight::FfnDown)?,
+                attn_gqkv: gqkv.remove(&bid),
             });
         }
         Ok(Model {
@@ -213,6 +251,7 @@ impl Model {
             path: path.to_path_buf(),
             weight_bytes,
             placement_checks,
+            fused_blocks,
         })
     }
 

@@ -460,6 +460,25 @@ impl Arena {
         Tensor { ptr: t, arena: self.0.clone(), _not_sync: std::marker::PhantomData }
     }
 
+    /// Rows `first..first + n` of the matrix `src` (made in this arena) as a tensor of their
+    /// own, sharing its memory once the arena is allocated.
+    pub fn rows_of(&mut self, src: &Tensor, name: &str, first: i64, n: i64) -> Tensor {
+        assert!(std::sync::Arc::ptr_eq(&self.0, &src.arena), "tensor {name}: a view of another arena's tensor");
+        assert!(self.0.buffer.get().is_none(), "tensor {name}: the arena is already allocated");
+        let cname = CString::new(name).expect("tensor names have no NUL");
+        // SAFETY: src is a 2-D tensor of this (unallocated) context and the rows are in bounds
+        // (checked); the context has room (ggml asserts otherwise); the name is copied.
+        let t = unsafe {
+            let s = src.ptr.as_ptr();
+            assert!((*s).ne[2] == 1 && (*s).ne[3] == 1 && first >= 0 && n > 0 && first + n <= (*s).ne[1], "tensor {name}: rows out of range");
+            let t = sys::ggml_view_2d(self.0.ctx.raw(), s, (*s).ne[0], n, (*s).nb[1], (*s).nb[1] * first as usize);
+            let t = NonNull::new(t).unwrap_or_else(|| panic!("ggml context too small for tensor {name}"));
+            sys::ggml_set_name(t.as_ptr(), cname.as_ptr());
+            t
+        };
+        Tensor { ptr: t, arena: self.0.clone(), _not_sync: std::marker::PhantomData }
+    }
+
     /// Allocates every tensor in one buffer of `buft` (huge pages advised on host memory);
     /// returns its size in bytes.
     pub fn alloc(&mut self, buft: BufferType, what: &str) -> Result<usize, ComputeError> {
@@ -493,14 +512,16 @@ impl Arena {
         self.0.buffer.get().map_or(0, Buffer::size)
     }
 
-    /// Tensors in the arena, counted by type name ("q8_0" → 112).
+    /// Tensors in the arena (views of others not counted), by type name ("q8_0" → 112).
     pub fn types(&self) -> std::collections::BTreeMap<String, usize> {
         let mut out = std::collections::BTreeMap::new();
         // SAFETY: iterating this context's tensors.
         unsafe {
             let mut t = sys::ggml_get_first_tensor(self.0.ctx.raw());
             while !t.is_null() {
-                *out.entry(GgmlType((*t).type_).name()).or_insert(0) += 1;
+                if (*t).view_src.is_null() {
+                    *out.entry(GgmlType((*t).type_).name()).or_insert(0) += 1;
+                }
                 t = sys::ggml_get_next_tensor(self.0.ctx.raw(), t);
             }
         }
@@ -513,7 +534,9 @@ impl Arena {
         unsafe {
             let mut t = sys::ggml_get_first_tensor(self.0.ctx.raw());
             while !t.is_null() {
-                n += sys::ggml_nbytes(t);
+                if (*t).view_src.is_null() {
+                    n += sys::ggml_nbytes(t);
+                }
                 t = sys::ggml_get_next_tensor(self.0.ctx.raw(), t);
             }
         }

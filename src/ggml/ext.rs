@@ -26,6 +26,9 @@ pub struct Layer {
     pub ffn_gate: Tensor,
     pub ffn_up: Tensor,
     pub ffn_down: Tensor,
+    /// `[in, 4 × out]`: attn_gate, attn_q, attn_k and attn_v stacked by rows, when they were
+    /// loaded as one weight (the four above are then its row blocks): one matmul for all four.
+    pub attn_gqkv: Option<Tensor>,
 }
 
 /// The model as the builder reads it; `output` None: tied to `tok_embd`.
@@ -114,7 +117,7 @@ pub fn build(model: &ModelView, kv: &KvView, shape: StepShape, graph_size: usize
     };
     [model.tok_embd, model.z_l_init].into_iter().chain(model.output).for_each(&mut keep);
     for l in model.layers {
-        [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down].into_iter().for_each(&mut keep);
+        [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down].into_iter().chain(&l.attn_gqkv).for_each(&mut keep);
     }
     kv.k.iter().chain(kv.v).for_each(&mut keep);
     let graph = Graph::new(graph_size, reads)?;
@@ -130,6 +133,7 @@ pub fn build(model: &ModelView, kv: &KvView, shape: StepShape, graph_size: usize
             ffn_gate: l.ffn_gate.raw(),
             ffn_up: l.ffn_up.raw(),
             ffn_down: l.ffn_down.raw(),
+            attn_gqkv: l.attn_gqkv.as_ref().map_or(std::ptr::null_mut(), Tensor::raw),
         })
         .collect();
     if layers.len() != 2 * model.hp.layers_per_stack as usize || kv.k.len() != kv.v.len() {
