@@ -17,6 +17,7 @@
 #      FRIGG_TARGET_CPU (default x86-64-v3; "native" = this CPU only), CMAKE_BUILD_PARALLEL_LEVEL,
 #      STAGE=0 to skip copying the stripped binary to .device/frigg for the device tool,
 #      DEVICE_TESTS=0 to skip building and staging tests/device.rs as .device/device-tests,
+#      BEFORE_BIN=PATH to stage another CUDA frigg (an earlier commit's) as .device/frigg-before,
 #      DRY_RUN=1 to set up the toolchain and print the environment without building.
 #
 # How linking works: llama-cpp-sys-2 0.1.161 (Linux, static ggml) emits
@@ -119,7 +120,7 @@ LD_LIBRARY_PATH="$cuda/lib64" "$bin" --version
 #    xz archive (.device/bins.tar.xz): they share ggml and ggml-cuda, which one large xz
 #    dictionary stores once (nvcc's fatbins are already compressed: GGML_CUDA_COMPRESSION_MODE=size).
 if [ "${STAGE:-1}" = 1 ]; then
-    rm -rf .device/frigg .device/frigg.xz .device/device-tests .device/bins.tar.xz
+    rm -rf .device/frigg .device/frigg.xz .device/device-tests .device/frigg-before .device/bins.tar.xz
     mkdir -p .device
     objcopy --strip-all "$bin" .device/frigg
     bins=(frigg)
@@ -131,6 +132,11 @@ print([m["executable"] for m in map(json.loads, sys.stdin)
         objcopy --strip-all "$exe" .device/device-tests
         echo "$root" > .device/manifest-dir
         bins+=(device-tests)
+    fi
+    if [ -n "${BEFORE_BIN:-}" ]; then
+        # an earlier commit's CUDA frigg, timed beside this one by device-check.sh (step 5a)
+        objcopy --strip-all "$BEFORE_BIN" .device/frigg-before
+        bins+=(frigg-before)
     fi
     size=$(cd .device && cat "${bins[@]}" | wc -c)
     echo "staged .device/{${bins[*]}}: $((size / 1048576)) MiB"

@@ -17,7 +17,7 @@
 # LOAD_CTX=256 LOAD_S=5.
 #
 # Env: FRIGG_BIN (default: the frigg staged in .device), BUDGET_S (default 480, the script's own
-#      deadline), SKIP_PARITY=1, SKIP_BENCH=1, SKIP_LOAD=1, LOAD_S (default 30), MIMIR_GGUF (a
+#      deadline), SKIP_PARITY=1, SKIP_PARITY_CPU=1, SKIP_BENCH=1, SKIP_LEVERS=1, SKIP_LOAD=1, LOAD_S (default 30), MIMIR_GGUF (a
 #      Mimir-shaped GGUF already there: skips making one), LOAD_DEVICES (default 0; `cpu` to try
 #      step 6 on a machine without a GPU), LOAD_CTX (default 512), PROFILE=1 (step 7: ncu).
 set -uo pipefail
@@ -62,7 +62,7 @@ unpack() { python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall
 if [ -f .device/bins.tar.xz ]; then
     unpack .device/bins.tar.xz "$tmp"
 else
-    cp .device/frigg .device/device-tests "$tmp"/ 2>/dev/null
+    cp .device/frigg .device/device-tests .device/frigg-before "$tmp"/ 2>/dev/null
 fi
 bin="${FRIGG_BIN:-$tmp/frigg}"
 [ -x "$bin" ] || { echo "no frigg binary at $bin: run scripts/cuda-build.sh first and carry .device"; exit 2; }
@@ -96,7 +96,7 @@ grep -oE 'CUDA0|CPU' "$tmp/smoke.err" | sort | uniq -c
 # 4. Parity of every tier against the transformers goldens, on the GPU and (for comparison) the CPU.
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
     step parity-gpu 120 "$bin" parity --device gpu --threads "$threads" --json "$OUT/parity-gpu.json"
-    step parity-cpu 120 "$bin" parity --threads "$threads" --json "$OUT/parity-cpu.json"
+    [ "${SKIP_PARITY_CPU:-0}" != 1 ] && step parity-cpu 120 "$bin" parity --threads "$threads" --json "$OUT/parity-cpu.json"
 fi
 
 # 4b. The device tests (tests/device.rs, staged by cuda-build.sh as .device/device-tests):
@@ -132,6 +132,20 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$mimir" ]; then
     && step bench-gpu-vs 150 "$bin" bench matrix "$mimir" --device gpu --vs llama.cpp \
         --batches 1,8 --contexts 512 --kernels batched --steps 32 --reps 3 --prefill 512 \
         --threads "$threads" --json "$OUT/bench-gpu-vs.json"
+fi
+
+# 5a. Levers, each in its own process right after step 5, the same command: the binary with
+#     stacked attention projections off (FRIGG_STACKED_PROJECTIONS=0: gate, q, k and v as four
+#     matmuls) → bench-gpu-unstacked.json; and, when cuda-build.sh staged one (BEFORE_BIN=…),
+#     the build of an earlier commit (.device/frigg-before) → bench-gpu-before.json.
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$mimir" ] && [ "${SKIP_LEVERS:-0}" != 1 ]; then
+    bench=(bench matrix "$mimir" --device gpu --batches 1,8,64 --contexts 512 --kernels batched
+           --steps 32 --reps 3 --prefill 512 --threads "$threads")
+    step bench-gpu-unstacked 120 env FRIGG_STACKED_PROJECTIONS=0 "$bin" "${bench[@]}" --json "$OUT/bench-gpu-unstacked.json"
+    if [ -x "$tmp/frigg-before" ]; then
+        "$tmp/frigg-before" --version 2>&1 | tail -1
+        step bench-gpu-before 120 "$tmp/frigg-before" "${bench[@]}" --json "$OUT/bench-gpu-before.json"
+    fi
 fi
 
 # 5b. Graph reuse at every batch size: a few decode steps per batch after one warm-up step; each
