@@ -39,7 +39,8 @@ static struct ggml_tensor * hrm_attention(struct hrm_build * b, const struct hrm
         k = ggml_view_3d(ctx, gqkv, hd, nh, b->n_tok, head, gqkv->nb[1], 2 * part);
         v = ggml_view_2d(ctx, gqkv, hd * nh, b->n_tok, gqkv->nb[1], 3 * part);
         if (!ggml_is_contiguous(gate)) {
-            gate = ggml_cont(ctx, gate);  // ggml-cuda's sigmoid reads whole rows only
+            gate = ggml_cont(ctx, gate);  // ggml-cuda's sigmoid takes contiguous tensors only
+                                          // (the scheduler would run a strided one on the CPU)
         }
         if (b->step->first && !ggml_is_contiguous(v)) {
             v = ggml_cont(ctx, v);  // attended as [hd, nh, T, S] below
