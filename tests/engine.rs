@@ -509,7 +509,9 @@ fn stacked_projections_keep_every_bit() {
         convert_to(&ckpt("tiny-packed"), &gguf, ty);
         for kv_type in [KvType::F32, KvType::F16] {
             let run = |stacked: bool| -> (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>) {
-                let opts = EngineOptions { kv_type, stacked_projections: Some(stacked), extra_buffers: false, decode_matmul: KernelChoice::Ggml, ..Default::default() };
+                // every kernel forced: a choice timed at load could differ between the two runs
+                let ggml = KernelChoice::Ggml;
+                let opts = EngineOptions { kv_type, stacked_projections: Some(stacked), extra_buffers: false, decode_matmul: ggml, decode_attention: ggml, prefill_attention: ggml, ..Default::default() };
                 let mut e = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, ..opts.clone() }).unwrap();
                 assert_eq!(e.model.fused_blocks, if stacked { 2 * e.hparams().layers_per_stack as usize } else { 0 });
                 let prompt = e.prefill(StreamId(0), TokenId::slice(&tokens), None, Rows::All).unwrap().to_vecs();
