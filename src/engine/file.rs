@@ -42,8 +42,8 @@ pub struct Budget {
     pub weights: u64,
     pub kv: u64,
     pub kv_per_stream: u64,
-    /// Compute buffers for a full-context prompt (an estimate; the engine reserves the real
-    /// size at load).
+    /// Compute buffers for a full-context prompt and the logits output buffer (an estimate; the
+    /// engine reserves the real size at load).
     pub compute: u64,
     pub total: u64,
 }
@@ -53,8 +53,9 @@ impl Budget {
     pub fn new(file: &ModelFile, n_ctx: usize, n_stream: usize, kv: KvType, gpu: bool) -> Self {
         let hp = &file.hp;
         let kv_bytes = hp.kv_bytes((super::kv::kv_cells(n_ctx, gpu) * n_stream) as u64, kv.ggml());
-        // A full-context prefill: activations, FFN intermediates and the mask dominate.
-        let compute = (n_ctx as u64) * (hp.n_embd as u64 * 16 + hp.n_ff as u64 * 12 + n_ctx as u64 * 2) + hp.n_vocab as u64 * 4 * n_stream as u64;
+        // A full-context prefill: activations, FFN intermediates and the mask dominate; a decode
+        // step's logits twice (the graph's output, and the host buffer the engine reads them into).
+        let compute = (n_ctx as u64) * (hp.n_embd as u64 * 16 + hp.n_ff as u64 * 12 + n_ctx as u64 * 2) + 2 * hp.n_vocab as u64 * 4 * n_stream as u64;
         Budget { weights: file.bytes, kv: kv_bytes, kv_per_stream: kv_bytes / n_stream.max(1) as u64, compute, total: file.bytes + kv_bytes + compute }
     }
 
