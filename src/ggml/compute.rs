@@ -368,13 +368,18 @@ impl Buffer {
         unsafe { sys::ggml_backend_buffer_clear(self.ptr.as_ptr(), value) }
     }
 
-    /// Host memory only, and only before anything is written: ggml's CPU buffers come from
-    /// `ggml_aligned_malloc`, fresh untouched pages for buffers this size.
+    /// Memory the CPU reads, and only before anything is written: the host buffer types and the
+    /// CPU device's extra buffer types (AMX tiles, repacked blocks: not "host", for their layout is
+    /// their own, but as much `ggml_aligned_malloc` memory as the plain type's), fresh untouched
+    /// pages for buffers this size.
     fn advise_huge_pages(&self) {
         // SAFETY: valid buffer; base and size describe memory it owns.
         unsafe {
-            if sys::ggml_backend_buffer_is_host(self.ptr.as_ptr()) {
-                let base = sys::ggml_backend_buffer_get_base(self.ptr.as_ptr()) as *mut u8;
+            let buf = self.ptr.as_ptr();
+            let dev = sys::ggml_backend_buft_get_device(sys::ggml_backend_buffer_get_type(buf));
+            let on_cpu = !dev.is_null() && sys::ggml_backend_dev_type(dev) == sys::GGML_BACKEND_DEVICE_TYPE_CPU;
+            if sys::ggml_backend_buffer_is_host(buf) || on_cpu {
+                let base = sys::ggml_backend_buffer_get_base(buf) as *mut u8;
                 crate::ggml::hugepages::advise(base, self.size());
             }
         }
