@@ -254,8 +254,11 @@ fn max_abs_diff(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
 /// heads are split between them).
 /// With an F32 cache the two differ only in summation order (measured 1.1e-6; bound about 4×).
 /// With an F16 cache flash attention also rounds the query to F16, the extension keeps it in F32
-/// (measured 7.5e-2 between them); the extension must then be at least as close as flash
-/// attention to the same weights decoded with an F32 cache.
+/// (measured 1.2e-3 between them); the extension must then be at least as close as flash
+/// attention to the same weights decoded with an F32 cache (measured 3.3e-4 against 1.2e-3, on
+/// the AVX2 and the AVX-512 forms alike). The weights are F32: with Q8_0 weights the activations
+/// are rounded to 8 bits before each matmul, so a 1e-6 change of summation order can move a
+/// rounding step and the "truth" itself by 1e-2, which decides nothing about attention.
 #[test]
 fn decode_attention_matches_flash_attention() {
     let dir = tempfile::tempdir().unwrap();
@@ -271,8 +274,8 @@ fn decode_attention_matches_flash_attention() {
     eprintln!("F32 cache: max |Δlogit| {d:.2e}");
     assert!(d <= 4e-6, "F32 cache: decode attention differs from flash attention by {d:e}");
 
-    let truth = run(OutType::Q8_0, KvType::F32, false);
-    let (ours, flash) = (run(OutType::Q8_0, KvType::F16, false), run(OutType::Q8_0, KvType::F16, true));
+    let truth = run(OutType::F32, KvType::F32, false);
+    let (ours, flash) = (run(OutType::F32, KvType::F16, false), run(OutType::F32, KvType::F16, true));
     let (d, d_ours, d_flash) = (max_abs_diff(&ours, &flash), max_abs_diff(&ours, &truth), max_abs_diff(&flash, &truth));
     eprintln!("F16 cache: max |Δlogit| {d:.2e} between them; from the F32-cache run: extension {d_ours:.2e}, flash {d_flash:.2e}");
     assert!(d > 0.0, "the two attentions should not be the same code");
