@@ -317,8 +317,9 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
     let dir = tempfile::tempdir().unwrap();
     let gguf = dir.path().join("m.gguf");
     convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
-    let run = |ggml: bool| -> Vec<Vec<u32>> {
-        let mut e = Engine::load(&gguf, &EngineOptions { threads: 2, n_ctx: 256, n_stream: 6, kv_type: KvType::F16, batch_invariant: true, decode_matmul: forced(!ggml), ..Default::default() }).unwrap();
+    let run = |ggml: bool, extra_buffers: bool| -> Vec<Vec<u32>> {
+        let opts = EngineOptions { threads: 2, n_ctx: 256, n_stream: 6, kv_type: KvType::F16, batch_invariant: true, decode_matmul: forced(!ggml), extra_buffers, ..Default::default() };
+        let mut e = Engine::load(&gguf, &opts).unwrap();
         eprintln!("weights in {}; {}", e.model.placement(), e.kernels().map(|p| p.to_string()).unwrap_or_default());
         let mut next = vec![];
         for (s, p) in prompts().iter().take(6).enumerate() {
@@ -337,7 +338,11 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
         }
         bits
     };
-    assert!(run(false) == run(true), "decode logits differ between the extension's Q8_0 matmul and ggml's one-row kernels");
+    // the weights where ggml's supports_op puts them (AMX tiles on a Xeon with AMX-INT8: the
+    // extension's AMX-layout kernel), and all in plain memory (its plain-layout kernel)
+    for extra_buffers in [true, false] {
+        assert!(run(false, extra_buffers) == run(true, extra_buffers), "decode logits differ between the extension's Q8_0 matmul and ggml's one-row kernels (extra buffer types: {extra_buffers})");
+    }
 }
 
 /// Weights in the CPU's extra buffer types (wherever ggml's supports_op takes them: repacked
