@@ -15,7 +15,8 @@
 // are stored in that type's own layout; ggml's matmul on them takes an AVX512-VNNI kernel for one
 // column and AMX tiles for more, whose fixed 32-row blocks make a 4-column decode step cost
 // about half again a 1-column one. hrm_mul_mat_q8_0_amx_op reads the same layout with the
-// one-column kernel's arithmetic for every column, the weights loaded once for all of them.
+// one-column kernel's arithmetic for every column, the weights loaded once for all of them, each
+// block's integer dot products for every column in one AMX tile multiply.
 
 #include "hrm.h"
 #include "ggml-cpu.h"
@@ -244,29 +245,26 @@ static void hrm_mul_mat_bf16_op(struct ggml_tensor * dst, int ith, int nth, void
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define HRM_AMX_LAYOUT 1
 
 // ggml's AMX layout for Q8_0 [K, R] (ggml-cpu/amx/mmq.cpp, pack_B; ggml pinned by Cargo.toml,
-// and `amx_decode_matmul_equals_ggml` checks it bit for bit): R/16 tiles of 16 rows, each the
-// K/32 blocks of those rows in order, HRM_AMX_TILE bytes per block:
-//   qs [8][16][4] int8: for each 4-byte group g of the block, rows 0..15's bytes 4g..4g+3
+// and `decode_matmul_equals_ggml_one_row_kernels` checks it bit for bit): R/16 tiles of 16 rows,
+// each the K/32 blocks of those rows in order, HRM_AMX_TILE bytes per block:
+//   qs [8][16][4] int8: for each 4-byte group g of the block, rows 0..15's bytes 4g..4g+3 (the
+//      VNNI form an AMX B tile of 8 rows × 64 bytes takes as it lies)
 //   d  [16] F16: each row's block scale
-//   comp [16] int32: 128 * (sum of each row's 32 quants), for the u8·s8 dot products below
+//   comp [16] int32: 128 * (sum of each row's 32 quants), for ggml's u8·s8 one-column kernel
 #define HRM_AMX_ROWS 16
 #define HRM_AMX_TILE (HRM_AMX_ROWS * QK + HRM_AMX_ROWS * 2 + HRM_AMX_ROWS * 4)
-// Each tile's blocks are requested HRM_AMX_PREFETCH blocks ahead into L2 (not L1): a prefetch
-// into L1 holds one of the core's few L1 fill buffers until the line arrives, and perf had the
-// prefetches stalled on them (over half the kernel's samples, at 4 blocks ahead into L1); into L2
-// they queue in the L2's deeper miss queue. The load-time timing over 512 MiB of weights at 4
-// columns on the Xeon: 0.83x ggml's time at 32 blocks into L2, 0.87x at 16, 1.08x at 4 into L1.
-#ifndef HRM_AMX_PREFETCH
-#define HRM_AMX_PREFETCH 32
-#endif
-#ifndef HRM_AMX_HINT
-#define HRM_AMX_HINT _MM_HINT_T1
-#endif
-#define HRM_AMX_COLS 8  // columns computed together (registers: 8 accumulators, 8 weight groups)
+// A thread reads several tiles side by side, block by block: that many sequential streams, which
+// the hardware prefetcher keeps ahead of the kernel, as ggml's one-column kernel does (it reads 4
+// tiles at a time). Up to 4 columns take 4 tiles at a time, up to 8 columns 2 (accumulators:
+// tiles × columns zmm registers). Engine, batch 4 at 512 cells, q8_0, on the Xeon (two binaries
+// alternated): 4 streams without software prefetch 14.9-15.2 tok/s, 8 streams 14.6-14.7, 4 with
+// an L2 prefetch 32 blocks ahead 14.4-14.6, one tile at a time with that prefetch 14.0-14.5.
+#define HRM_AMX_STREAMS 4
+#define HRM_AMX_COLS 8  // columns computed together: rows of the A and C tiles
 
 static int hrm_is_amx_q8_0(const struct ggml_tensor * w) {
     return w->type == GGML_TYPE_Q8_0 && w->buffer != NULL &&
@@ -274,89 +272,138 @@ static int hrm_is_amx_q8_0(const struct ggml_tensor * w) {
            w->ne[0] % QK == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
 }
 
-// 16 rows of one tile × NC columns: per block, (a + 128)·b by vpdpbusd (integer, so the order of
-// the groups does not matter), minus comp, converted to F32 and accumulated as
-// acc = (float) dot * (d_w * d_x) + acc, block by block: ggml's one-column kernel's arithmetic.
-static inline __attribute__((always_inline)) void hrm_amx_tile(
-        const char * tile, int64_t nb, const uint8_t * xu, const float * xd, const int NC, float * out, int64_t out_stride) {
-    __m512 acc[HRM_AMX_COLS];
-    for (int c = 0; c < NC; ++c) {
-        acc[c] = _mm512_setzero_ps();
+// The AMX tile configuration (palette 1): tiles 0 and 1 hold a block's weights (B: 8 rows × 64
+// bytes, as the layout stores them), 4 the columns' quants at that block (A: `cols` rows × 32
+// int8), 2, 3, 6 and 7 the dot products of up to four tiles' blocks (C: `cols` rows × 16 int32).
+struct hrm_tile_config {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+static void hrm_amx_configure(int cols) {
+    struct hrm_tile_config c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof c);
+    c.palette_id = 1;
+    c.rows[0] = c.rows[1] = 8;
+    c.colsb[0] = c.colsb[1] = 64;
+    c.rows[4] = (uint8_t) cols;
+    c.colsb[4] = QK;
+    c.rows[2] = c.rows[3] = c.rows[6] = c.rows[7] = (uint8_t) cols;
+    c.colsb[2] = c.colsb[3] = c.colsb[6] = c.colsb[7] = 64;
+    _tile_loadconfig(&c);
+}
+
+// dots [col][row] int32 = A (tile 4) · the block at `blk`, through B tile `b` and C tile `c`
+#define HRM_AMX_BLOCK_DOTS(c, b, blk, dots) \
+    do { _tile_zero(c); _tile_loadd(b, blk, 64); _tile_dpbssd(c, 4, b); _tile_stored(c, dots, 64); } while (0)
+
+// G (1, 2 or 4) consecutive tiles × NC columns (G × NC <= 16): per block, the exact int32 dot products
+// of the column quants (signed) and the row quants (signed) by TDPBSSD, converted to F32 and
+// accumulated as acc = (float) dot * (d_w * d_x) + acc, block by block: ggml's one-column
+// kernel's arithmetic (its u8·s8 sum minus comp is the same integer). xs [col][nb][32] int8 at
+// `xs_stride` bytes per column, zero past the last column up to the configured rows.
+static inline __attribute__((always_inline)) void hrm_amx_tiles(
+        const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd,
+        const int G, const int NC, float * out, int64_t out_stride) {
+    __m512 acc[HRM_AMX_STREAMS][HRM_AMX_COLS];
+    int32_t dots[HRM_AMX_STREAMS][HRM_AMX_COLS * 16] __attribute__((aligned(64)));
+    const int64_t ts = nb * HRM_AMX_TILE;  // bytes per tile
+    for (int g = 0; g < G; ++g) {
+        for (int c = 0; c < NC; ++c) {
+            acc[g][c] = _mm512_setzero_ps();
+        }
     }
     for (int64_t b = 0; b < nb; ++b) {
         const char * blk = tile + b * HRM_AMX_TILE;
-        for (int l = 0; l < HRM_AMX_TILE; l += 64) {
-            _mm_prefetch(blk + HRM_AMX_PREFETCH * HRM_AMX_TILE + l, HRM_AMX_HINT);
+        _tile_loadd(4, xs + b * QK, xs_stride);
+        HRM_AMX_BLOCK_DOTS(2, 0, blk, dots[0]);
+        if (G >= 2) {
+            HRM_AMX_BLOCK_DOTS(3, 1, blk + ts, dots[1]);
         }
-        __m512i wq[8];
-        for (int g = 0; g < 8; ++g) {
-            wq[g] = _mm512_loadu_si512((const void *) (blk + g * 64));
+        if (G == 4) {
+            HRM_AMX_BLOCK_DOTS(6, 0, blk + 2 * ts, dots[2]);
+            HRM_AMX_BLOCK_DOTS(7, 1, blk + 3 * ts, dots[3]);
         }
-        const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (blk + HRM_AMX_ROWS * QK)));
-        const __m512i comp = _mm512_loadu_si512((const void *) (blk + HRM_AMX_ROWS * QK + HRM_AMX_ROWS * 2));
-        for (int c = 0; c < NC; ++c) {
-            const int32_t * a = (const int32_t *) (xu + (c * nb + b) * QK);
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int g = 0; g < 8; g += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(a[g]), wq[g]);
-                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(a[g + 1]), wq[g + 1]);
+        for (int g = 0; g < G; ++g) {
+            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (blk + g * ts + HRM_AMX_ROWS * QK)));
+            for (int c = 0; c < NC; ++c) {
+                const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *) (dots[g] + c * 16)));
+                acc[g][c] = _mm512_fmadd_ps(dot, _mm512_mul_ps(wd, _mm512_set1_ps(xd[c * nb + b])), acc[g][c]);
             }
-            const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), comp);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wd, _mm512_set1_ps(xd[c * nb + b])), acc[c]);
         }
     }
-    for (int c = 0; c < NC; ++c) {
-        _mm512_storeu_ps(out + c * out_stride, acc[c]);
+    for (int g = 0; g < G; ++g) {
+        for (int c = 0; c < NC; ++c) {
+            _mm512_storeu_ps(out + g * HRM_AMX_ROWS + c * out_stride, acc[g][c]);
+        }
     }
+}
+
+// hrm_amx_tiles with literal tile and column counts, so the accumulators stay in registers
+static void hrm_amx_tiles_n(const char * tile, int64_t nb, const int8_t * xs, const float * xd, int g, int nc, float * out, int64_t out_stride) {
+#define HRM_AMX_CASE(G, NC) case NC: hrm_amx_tiles(tile, nb, xs, nb * QK, xd, G, NC, out, out_stride); break
+#define HRM_AMX_CASES(G) HRM_AMX_CASE(G, 1); HRM_AMX_CASE(G, 2); HRM_AMX_CASE(G, 3); HRM_AMX_CASE(G, 4)
+    _Static_assert(HRM_AMX_STREAMS == 4 && HRM_AMX_COLS == 8, "the cases below");
+    if (g == 4) {
+        switch (nc) { HRM_AMX_CASES(4); }
+    } else if (g == 2) {
+        switch (nc) { HRM_AMX_CASES(2); HRM_AMX_CASE(2, 5); HRM_AMX_CASE(2, 6); HRM_AMX_CASE(2, 7); HRM_AMX_CASE(2, 8); }
+    } else {
+        switch (nc) { HRM_AMX_CASES(1); HRM_AMX_CASE(1, 5); HRM_AMX_CASE(1, 6); HRM_AMX_CASE(1, 7); HRM_AMX_CASE(1, 8); }
+    }
+#undef HRM_AMX_CASES
+#undef HRM_AMX_CASE
 }
 
 // dst [R, N] F32 = userdata (Q8_0 [K, R] in ggml's AMX layout) · src0 (F32 [K, N], contiguous
 // rows). Threads split the tiles. The weight is not a source of the op: ggml's scheduler gives an
 // op reading an extra buffer type only to a backend whose supports_op for that type accepts it,
 // and the AMX type's accepts nothing but its own MUL_MAT; the weight is allocated and constant
-// for the graph's life.
+// for the graph's life. The AMX buffer type exists only where ggml could enable AMX for the
+// process, so its tiles are usable here; the thread's tile configuration (ggml's, set once per
+// thread by its own AMX kernels) is restored before the op returns.
 static void hrm_mul_mat_q8_0_amx_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     const struct ggml_tensor * w = userdata;
     const struct ggml_tensor * x = dst->src[0];
     const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK, n_tiles = R / HRM_AMX_ROWS;
+    const int cols = N < HRM_AMX_COLS ? (int) N : HRM_AMX_COLS;
+    const int64_t n_pad = (N + cols - 1) / cols * cols;
 
-    // the columns as ggml's AMX matmul quantizes them, each quant + 128 for vpdpbusd
+    // the columns as ggml's AMX matmul quantizes them; xs their quants, zero columns up to n_pad
     struct hrm_q8_0 * xq;
     float * xd;
     hrm_quantize_columns(x, K, &xq, &xd);
-    uint8_t * xu = malloc((size_t) (N * nb * QK));
-    if (xu == NULL) {
+    int8_t * xs = calloc((size_t) (n_pad * nb * QK), 1);
+    if (xs == NULL) {
         GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
     }
     for (int64_t b = 0; b < N * nb; ++b) {
-        for (int i = 0; i < QK; ++i) {
-            xu[b * QK + i] = (uint8_t) (xq[b].qs[i] + 128);
-        }
+        memcpy(xs + b * QK, xq[b].qs, QK);
     }
 
+    struct hrm_tile_config saved __attribute__((aligned(64)));
+    _tile_storeconfig(&saved);
+    hrm_amx_configure(cols);
     const int64_t out_stride = (int64_t) (dst->nb[1] / sizeof(float));
     const int64_t t0 = n_tiles * ith / nth, t1 = n_tiles * (ith + 1) / nth;
-    for (int64_t t = t0; t < t1; ++t) {
+    const int streams = cols <= 4 ? 4 : 2;  // tiles × columns accumulators
+    for (int64_t t = t0; t < t1;) {
+        const int g = t1 - t >= streams ? streams : 1;
         const char * tile = (const char *) w->data + t * nb * HRM_AMX_TILE;
-        for (int64_t c0 = 0; c0 < N; c0 += HRM_AMX_COLS) {
-            const int nc = N - c0 < HRM_AMX_COLS ? (int) (N - c0) : HRM_AMX_COLS;
-            const uint8_t * xuc = xu + c0 * nb * QK;
-            const float * xdc = xd + c0 * nb;
-            float * out = (float *) dst->data + c0 * out_stride + t * HRM_AMX_ROWS;
-            switch (nc) {  // literal column counts: the accumulators stay in registers
-                case 1: hrm_amx_tile(tile, nb, xuc, xdc, 1, out, out_stride); break;
-                case 2: hrm_amx_tile(tile, nb, xuc, xdc, 2, out, out_stride); break;
-                case 3: hrm_amx_tile(tile, nb, xuc, xdc, 3, out, out_stride); break;
-                case 4: hrm_amx_tile(tile, nb, xuc, xdc, 4, out, out_stride); break;
-                case 5: hrm_amx_tile(tile, nb, xuc, xdc, 5, out, out_stride); break;
-                case 6: hrm_amx_tile(tile, nb, xuc, xdc, 6, out, out_stride); break;
-                case 7: hrm_amx_tile(tile, nb, xuc, xdc, 7, out, out_stride); break;
-                default: hrm_amx_tile(tile, nb, xuc, xdc, 8, out, out_stride); break;
-            }
+        for (int64_t c0 = 0; c0 < N; c0 += cols) {
+            const int nc = N - c0 < cols ? (int) (N - c0) : cols;
+            hrm_amx_tiles_n(tile, nb, xs + c0 * nb * QK, xd + c0 * nb, g, nc, (float *) dst->data + c0 * out_stride + t * HRM_AMX_ROWS, out_stride);
         }
+        t += g;
+    }
+    if (saved.palette_id == 0) {
+        _tile_release();  // the thread had no configuration: back to AMX's initial state
+    } else {
+        _tile_loadconfig(&saved);
     }
     free(xq);
-    free(xu);
+    free(xs);
     free(xd);
 }
 #endif
@@ -367,8 +414,9 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
     }
 #ifdef HRM_AMX_LAYOUT
     if (hrm_is_amx_q8_0(w)) {
-        // one column: ggml's own kernel on this layout is this arithmetic, and was faster (the
-        // load-time timing on the Xeon, 512 MiB of weights: 26.3 against this kernel's 27.2 ms)
+        // one column: ggml's own kernel on this layout is this arithmetic, and was faster than this
+        // kernel's AVX512-VNNI form (the load-time timing on the Xeon, 512 MiB of weights: 26.3
+        // against 27.2 ms); it reads 4 tiles at a time as this one now does
         return x->ne[1] >= 2;
     }
 #endif

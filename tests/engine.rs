@@ -310,15 +310,16 @@ fn bf16_decode_matmul_matches_f32_weights() {
 /// one-row vec_dot does, so decode with it equals decode with ggml's reference (one-row)
 /// kernels bit for bit, alone and batched; on a CPU whose ggml puts Q8_0 in AMX tiles, it reads
 /// that layout with the arithmetic of ggml's one-column kernel for it, which again must equal
-/// ggml's matmul on the same weights at every batch size (the log line names the placement).
-/// (Builds without AVX2 use ggml_mul_mat for both.)
+/// ggml's matmul on the same weights at every batch size (the log line names the placement),
+/// and a prefill after those decodes is unchanged by them. (Builds without AVX2 use
+/// ggml_mul_mat for both.)
 #[test]
 fn decode_matmul_equals_ggml_one_row_kernels() {
     let dir = tempfile::tempdir().unwrap();
     let gguf = dir.path().join("m.gguf");
     convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
     let run = |ggml: bool, extra_buffers: bool| -> Vec<Vec<u32>> {
-        let opts = EngineOptions { threads: 2, n_ctx: 256, n_stream: 6, kv_type: KvType::F16, batch_invariant: true, decode_matmul: forced(!ggml), extra_buffers, ..Default::default() };
+        let opts = EngineOptions { threads: 2, n_ctx: 256, n_stream: 7, kv_type: KvType::F16, batch_invariant: true, decode_matmul: forced(!ggml), extra_buffers, ..Default::default() };
         let mut e = Engine::load(&gguf, &opts).unwrap();
         eprintln!("weights in {}; {}", e.model.placement(), e.kernels().map(|p| p.to_string()).unwrap_or_default());
         let mut next = vec![];
@@ -336,6 +337,10 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
                 bits.push(row.iter().map(|x| x.to_bits()).collect());
             }
         }
+        // a prefill after the decodes runs ggml's matmuls on the threads the extension's AMX
+        // kernel ran on, which must have left ggml's tile configuration as it found it
+        let p = &prompts()[0];
+        bits.push(e.prefill(StreamId(6), TokenId::slice(p), Some(&vec![1; p.len()]), Rows::Last).unwrap()[0].iter().map(|x| x.to_bits()).collect());
         bits
     };
     // the weights where ggml's supports_op puts them (AMX tiles on a Xeon with AMX-INT8: the
