@@ -37,12 +37,17 @@ static void fill(struct ggml_tensor * t) {
         if (!buf) {
             GGML_ABORT("hrm_calibrate: out of memory for %lld values", (long long) n);
         }
+        float x32[13];
+        ggml_fp16_t x16[13];
+        for (int i = 0; i < 13; ++i) {
+            x32[i] = (float) i * 0.01f - 0.06f;
+            x16[i] = ggml_fp32_to_fp16(x32[i]);
+        }
         for (int64_t i = 0; i < n; ++i) {
-            const float x = (float) (i % 13) * 0.01f - 0.06f;
             if (t->type == GGML_TYPE_F32) {
-                ((float *) buf)[i] = x;
+                ((float *) buf)[i] = x32[i % 13];
             } else {
-                ((ggml_fp16_t *) buf)[i] = ggml_fp32_to_fp16(x);
+                ((ggml_fp16_t *) buf)[i] = x16[i % 13];
             }
         }
         ggml_backend_tensor_set(t, buf, 0, (size_t) n * es);
