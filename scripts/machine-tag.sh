@@ -1,6 +1,6 @@
 # Sourced by the benchmark scripts: sets MACHINE_TAG (unless given) to this CPU's model name and
 # widest vector extension, e.g. intel-xeon-processor-amx, so each CPU keeps its own result files.
-# A VM may show two CPUs under one model name ("AMD EPYC" for a Zen 4 and a Zen 5): where a
+# A VM may show two CPUs under one model name (two AMD EPYCs, one with AVX-VNNI, one without): where a
 # result file under that tag already holds another machine's flags (the flags every table's
 # machine line prints), the tag gains this CPU's family and model numbers from /proc/cpuinfo,
 # e.g. amd-epyc-avx512-f25m17, and keeps them on every later run here.
