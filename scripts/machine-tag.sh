@@ -10,7 +10,8 @@ if [ -z "${MACHINE_TAG:-}" ]; then
     case "$flags" in *" amx_int8 "*) isa=amx ;; *" avx512f "*) isa=avx512 ;; esac
     model="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1 | tr 'A-Z' 'a-z' | sed 's/([^)]*)//g; s/[^a-z0-9]\+/-/g; s/^-//; s/-$//')"
     MACHINE_TAG="${model:-cpu}-$isa"
-    # the flags frigg records (engine::host::machine), in /proc/cpuinfo's order
+    # the flags frigg records (the `wanted` list of engine::host::machine: keep the two equal), in
+    # /proc/cpuinfo's order
     mine="$(for f in $flags; do case " avx2 avx512f avx512_bf16 avx512_vnni avx_vnni amx_int8 amx_bf16 f16c fma asimd sve " in *" $f "*) printf '%s ' "$f" ;; esac; done)"
     for recorded in docs/bench/vs-"$MACHINE_TAG"-*.json; do
         [ -f "$recorded" ] || continue

@@ -34,6 +34,7 @@ pub fn machine() -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |name: &str| cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string());
     let flags = field("flags").unwrap_or_default();
+    // scripts/machine-tag.sh compares result files by this same list: keep the two equal
     let wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16", "f16c", "fma", "asimd", "sve"];
     Machine {
         cpu: field("model name").unwrap_or_else(|| "unknown".into()),
