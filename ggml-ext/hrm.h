@@ -101,6 +101,10 @@ struct hrm_step {
                         // instead of ggml_mul_mat; CPU backends only (a custom op)
     int32_t cpu_prefill_attention;  // 1: first forwards attend with hrm_prefill_attention instead
                         // of ggml_flash_attn_ext; CPU backends only (a custom op), F16/F32 caches
+    int32_t cpu_invariant_decode;  // 1: the engine keeps each stream's decode bits apart from its
+                        // neighbours': weights in an extra buffer type's layout that
+                        // hrm_decode_matmul reads (hrm_decode_matmul_reads_layout) take its kernel
+                        // whatever cpu_decode_matmul says, as ggml's kernels there may mix columns
 };
 
 // The step's inputs (filled by the caller before compute) and its output.
@@ -147,6 +151,9 @@ struct ggml_tensor * hrm_prefill_attention(struct ggml_context * ctx, struct ggm
 // F32, activations unrounded. Weights in other extra buffer types are not supported.
 // Supported on AVX2 builds only (elsewhere hrm_decode_matmul is ggml_mul_mat).
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x);
+// Whether w lies in an extra buffer type's own layout that hrm_decode_matmul reads (ggml's AMX
+// Q8_0 tiles, its repacked Q4_K).
+int hrm_decode_matmul_reads_layout(const struct ggml_tensor * w);
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x);
 
 // Median seconds of one decode op on `backend` (after a warm-up), as hrm_ops.c builds it with
@@ -154,10 +161,11 @@ struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_te
 // kernel for it (or it cannot run). For measuring which one a decode graph should use.
 //   matmuls: every w[i] (weights, allocated) · x_i F32 [w[i]->ne[0], n_cols], in one graph (so
 //     weights larger than the caches are read from memory as a decode step reads them);
-//     *used_ext says whether the extension had a kernel for any of them
+//     *used_ext says whether the two choices differ for any of them (the extension has a kernel
+//     for it that a step with cpu_invariant_decode = invariant does not take anyway)
 //   attention: q F32 [hd, nh, S], k and v [hd, nh, n_kv, S] of kv_type, mask F16 [n_kv, 1, 1, S]
-double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, int n_w, int n_cols, int use_ext, int reps,
-                               int * used_ext);
+double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, int n_w, int n_cols, int use_ext,
+                               int invariant, int reps, int * used_ext);
 double hrm_time_decode_attention(ggml_backend_t backend, enum ggml_type kv_type, int head_dim, int n_head,
                                  int n_kv, int n_stream, int use_ext, int reps);
 //   prefill attention: one stream of n_tokens queries over its own keys and values (q F32
@@ -165,10 +173,11 @@ double hrm_time_decode_attention(ggml_backend_t backend, enum ggml_type kv_type,
 double hrm_time_prefill_attention(ggml_backend_t backend, enum ggml_type kv_type, int head_dim, int n_head,
                                   int n_tokens, int use_ext, int reps);
 
-// Whether ggml_mul_mat(w, x) on `backend` gives every column the bits it gets alone: for each n in
+// Whether the matmul a batch-invariant decode step runs on w (hrm_op_mul_mat with
+// cpu_invariant_decode) gives every column on `backend` the bits it gets alone: for each n in
 // counts, x F32 [w->ne[0], n] (distinct values per column) against each column computed by itself.
 // 1 agree; 0 not (*first_differing = the first n whose columns differ); -1 could not run.
-// For a weight in one of the CPU's extra buffer types, whose kernels need not follow the
+// For a weight in one of the CPU's extra buffer types, whose ggml kernels need not follow the
 // reference-kernel switch a batch-invariant decode relies on.
 int hrm_mul_mat_columns_agree(ggml_backend_t backend, struct ggml_tensor * w, const int * counts, int n_counts,
                               int * first_differing);

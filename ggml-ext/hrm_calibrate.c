@@ -98,8 +98,8 @@ static struct ggml_context * scratch(int n_tensors) {
     return ggml_init(p);
 }
 
-double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, int n_w, int n_cols, int use_ext, int reps,
-                               int * used_ext) {
+double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, int n_w, int n_cols, int use_ext,
+                               int invariant, int reps, int * used_ext) {
     *used_ext = 0;
     if (n_w <= 0 || 2 * n_w > GGML_DEFAULT_GRAPH_SIZE) {
         return -1.0;
@@ -109,7 +109,10 @@ double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, 
         return -1.0;
     }
     const struct hrm_step step = { .n_tokens = 1, .n_stream = n_cols, .n_kv = 0, .n_out = 0, .first = 0,
-                                   .cpu_decode_attention = 0, .cpu_decode_matmul = use_ext, .cpu_prefill_attention = 0 };
+                                   .cpu_decode_attention = 0, .cpu_decode_matmul = use_ext, .cpu_prefill_attention = 0,
+                                   .cpu_invariant_decode = invariant };
+    struct hrm_step other = step;
+    other.cpu_decode_matmul = !use_ext;
     struct ggml_tensor ** x = malloc(sizeof(*x) * (size_t) n_w);
     if (!x) {
         GGML_ABORT("hrm_calibrate: out of memory for %d inputs", n_w);
@@ -119,7 +122,7 @@ double hrm_time_decode_matmuls(ggml_backend_t backend, struct ggml_tensor ** w, 
     int any_ext = 0;
     for (int i = 0; i < n_w; ++i) {
         x[i] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w[i]->ne[0], n_cols);
-        any_ext |= hrm_op_mul_mat_is_extension(&step, w[i], x[i]);
+        any_ext |= hrm_op_mul_mat_is_extension(&step, w[i], x[i]) != hrm_op_mul_mat_is_extension(&other, w[i], x[i]);
         struct ggml_tensor * y = ggml_sum(ctx, hrm_op_mul_mat(ctx, &step, w[i], x[i]));
         out = out ? ggml_add(ctx, out, y) : y;
     }
@@ -210,19 +213,23 @@ int hrm_mul_mat_columns_agree(ggml_backend_t backend, struct ggml_tensor * w, co
     struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, max_cols);
     ggml_set_input(x);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    // alone[j] = w · x[:, j]; together[i] = w · x[:, 0:counts[i]]
+    // alone[j] = w · x[:, j]; together[i] = w · x[:, 0:counts[i]], as a batch-invariant decode
+    // step multiplies them
+    const struct hrm_step step = { .n_tokens = 1, .n_stream = max_cols, .n_kv = 0, .n_out = 0, .first = 0,
+                                   .cpu_decode_attention = 0, .cpu_decode_matmul = 0, .cpu_prefill_attention = 0,
+                                   .cpu_invariant_decode = 1 };
     struct ggml_tensor ** alone = malloc(sizeof(*alone) * (size_t) (max_cols + n_counts));
     if (!alone) {
         GGML_ABORT("hrm_calibrate: out of memory for %d products", max_cols + n_counts);
     }
     struct ggml_tensor ** together = alone + max_cols;
     for (int j = 0; j < max_cols; ++j) {
-        alone[j] = ggml_mul_mat(ctx, w, ggml_view_2d(ctx, x, k, 1, x->nb[1], (size_t) j * x->nb[1]));
+        alone[j] = hrm_op_mul_mat(ctx, &step, w, ggml_view_2d(ctx, x, k, 1, x->nb[1], (size_t) j * x->nb[1]));
         ggml_set_output(alone[j]);
         ggml_build_forward_expand(gf, alone[j]);
     }
     for (int i = 0; i < n_counts; ++i) {
-        together[i] = ggml_mul_mat(ctx, w, ggml_view_2d(ctx, x, k, counts[i], x->nb[1], 0));
+        together[i] = hrm_op_mul_mat(ctx, &step, w, ggml_view_2d(ctx, x, k, counts[i], x->nb[1], 0));
         ggml_set_output(together[i]);
         ggml_build_forward_expand(gf, together[i]);
     }

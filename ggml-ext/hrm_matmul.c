@@ -1,5 +1,5 @@
-// Decode matmuls on the CPU for Q8_0 and BF16 weights: y[r, c] = W[r, :] · x[:, c] for the few
-// columns (one per stream) of a decode step.
+// Decode matmuls on the CPU for Q8_0, BF16 and repacked Q4_K weights: y[r, c] = W[r, :] · x[:, c]
+// for the few columns (one per stream) of a decode step.
 //
 // Why not ggml_mul_mat: one column goes through ggml's vec_dot, which streams the weights at
 // about the machine's read bandwidth; several columns go through its tiled GEMM (tinyBLAS),
@@ -254,6 +254,172 @@ static void hrm_mul_mat_bf16_op(struct ggml_tensor * dst, int ith, int nth, void
             }
         }
     }
+}
+
+// Q4_K weights in ggml's repacked layout (its "CPU_REPACK" extra buffer type; ggml-cpu/repack.h
+// and repack.cpp, ggml pinned by Cargo.toml): every 8 rows stored as one run of hrm_q4_Kx8
+// super-blocks, the 8 rows' blocks interleaved, in the same bytes as the 8 plain rows (rows
+// r..r+7 start at r * nb[1]). ggml's matmul on them quantizes the columns in fours (block_q8_Kx4)
+// for its 4-column GEMM and one by one for its 1-column GEMV, whose sums round differently: a
+// stream's logits would change with the batch. Here every column gets the GEMV's arithmetic
+// (ggml_gemv_q4_K_8x8_q8_K, AVX2: the same integer products and sums, then per super-block
+// acc = (float) isum * (d_w * d_x) + acc and the same for the mins, in the same order), so a
+// lone column, which ggml's matmul sends to that GEMV, has the same bits; the weights' unpacking
+// (nibbles, blends, 6-bit scales) is done once per group of 8 rows for up to four columns.
+struct hrm_q4_Kx8 {  // ggml's block_q4_Kx8
+    ggml_fp16_t d[8];     // each row's super-block scale
+    ggml_fp16_t dmin[8];  // each row's super-block scale of the mins
+    uint8_t scales[96];   // per 32-quant sub-block, 12 bytes: the 8 rows' 6-bit scales and mins
+    uint8_t qs[1024];     // 4-bit quants, 8 bytes of each row in turn
+};
+struct hrm_q8_K {  // ggml's block_q8_K
+    float d;
+    int8_t qs[256];
+    int16_t bsums[16];  // sums of each 16 quants
+};
+_Static_assert(sizeof(struct hrm_q4_Kx8) == 1152, "ggml's block_q4_Kx8");
+_Static_assert(sizeof(struct hrm_q8_K) == 292, "ggml's block_q8_K");
+
+#define HRM_Q4_K_COLS 4  // columns multiplied per unpacking of the weights
+
+// The 6-bit scales and mins of one sub-block of 8 interleaved rows (12 bytes at p), as the GEMV
+// unpacks them: 8 scales then 8 mins, one byte each.
+static inline __m128i hrm_q4_K_scales_mins(const uint8_t * p) {
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    uint32_t u[4];
+    memcpy(u, p, 12);
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t aux = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = aux;
+    u[0] &= kmask1;
+    return _mm_set_epi32((int) u[3], (int) u[2], (int) u[1], (int) u[0]);
+}
+
+// out[c][0..8) = the 8 rows of the group at w (nb super-blocks) · column c (x[c], nb blocks), for
+// c < NC: the GEMV's operations per column.
+static inline __attribute__((always_inline)) void hrm_q4_K_group(
+        const struct hrm_q4_Kx8 * w, int64_t nb, const struct hrm_q8_K * const * x, const int NC, float (*out)[8]) {
+    const __m128i deltamask = _mm_set_epi8(15, 14, 7, 6, 13, 12, 5, 4, 11, 10, 3, 2, 9, 8, 1, 0);
+    const __m128i scalemask = _mm_set_epi8(7, 7, 3, 3, 6, 6, 2, 2, 5, 5, 1, 1, 4, 4, 0, 0);
+    const __m256i finalpermutemask = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
+    const __m256i m4b = _mm256_set1_epi8(0x0F);
+    __m256 acc_row[HRM_Q4_K_COLS], acc_min[HRM_Q4_K_COLS];
+    for (int c = 0; c < NC; ++c) {
+        acc_row[c] = _mm256_setzero_ps();
+        acc_min[c] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256 col_scale = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) w[b].d), deltamask));
+        const __m256 col_dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin));
+        __m256i iacc[HRM_Q4_K_COLS], iacc_min[HRM_Q4_K_COLS], q8s[HRM_Q4_K_COLS];
+        for (int c = 0; c < NC; ++c) {
+            iacc[c] = _mm256_setzero_si256();
+            iacc_min[c] = _mm256_setzero_si256();
+            const __m256i sums = _mm256_loadu_si256((const __m256i *) x[c][b].bsums);
+            q8s[c] = _mm256_castsi128_si256(_mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)));
+            q8s[c] = _mm256_permute2f128_si256(q8s[c], q8s[c], 0);
+        }
+        // each pass: two sub-blocks of 32 quants of the 8 rows
+        for (int sb = 0; sb < 4; ++sb) {
+            const uint8_t * qs = w[b].qs + sb * 256;
+            // rhs[h][j]: sub-block h's quants j*8..j*8+7 of rows 0-3 (in the low 128 bits'
+            // order the GEMV blends) and rows 4-7, as the GEMV's maddubs operands, both orders
+            __m256i rhs[2][8];
+            for (int j = 0; j < 4; ++j) {
+                const __m256i raw0123 = _mm256_loadu_si256((const __m256i *) (qs + 64 * j));
+                const __m256i raw4567 = _mm256_loadu_si256((const __m256i *) (qs + 32 + 64 * j));
+                for (int h = 0; h < 2; ++h) {
+                    const __m256i v0123 = _mm256_and_si256(h ? _mm256_srli_epi16(raw0123, 4) : raw0123, m4b);
+                    const __m256i v4567 = _mm256_and_si256(h ? _mm256_srli_epi16(raw4567, 4) : raw4567, m4b);
+                    rhs[h][2 * j] = _mm256_blend_epi32(v0123, _mm256_shuffle_epi32(v4567, 177), 170);
+                    rhs[h][2 * j + 1] = _mm256_blend_epi32(_mm256_shuffle_epi32(v0123, 177), v4567, 170);
+                }
+            }
+            const __m128i sm0 = hrm_q4_K_scales_mins(w[b].scales + 24 * sb);
+            const __m128i sm1 = hrm_q4_K_scales_mins(w[b].scales + 12 + 24 * sb);
+            const __m256i scales[2] = { _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm0, scalemask)),
+                                        _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm1, scalemask)) };
+            const __m256i mins_01 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(sm0, 78), _mm_shuffle_epi32(sm1, 78)));
+            for (int c = 0; c < NC; ++c) {
+                const int8_t * a = x[c][b].qs + sb * 64;
+                __m256i iacc_sb = _mm256_setzero_si256();
+                for (int h = 0; h < 2; ++h) {
+                    // the column's 32 quants of sub-block h, 16 at a time, in both 128-bit halves
+                    const __m256i lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) (a + 32 * h)));
+                    const __m256i hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) (a + 32 * h + 16)));
+                    __m256i i16 = _mm256_setzero_si256();
+                    i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[h][0], _mm256_shuffle_epi32(lo, 0)));
+                    i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[h][1], _mm256_shuffle_epi32(lo, 85)));
+                    i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[h][2], _mm256_shuffle_epi32(lo, 170)));
+                    i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[h][3], _mm256_shuffle_epi32(lo, 255)));
+                    i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[h][4], _mm256_shuffle_epi32(hi, 0)));
+                    i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[h][5], _mm256_shuffle_epi32(hi, 85)));
+                    i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[h][6], _mm256_shuffle_epi32(hi, 170)));
+                    i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[h][7], _mm256_shuffle_epi32(hi, 255)));
+                    iacc_sb = _mm256_add_epi32(iacc_sb, _mm256_madd_epi16(i16, scales[h]));
+                }
+                const __m256i iacc_min_sb = _mm256_madd_epi16(_mm256_shuffle_epi32(q8s[c], 0), mins_01);
+                q8s[c] = _mm256_bsrli_epi128(q8s[c], 4);
+                iacc[c] = _mm256_add_epi32(iacc[c], iacc_sb);
+                iacc_min[c] = _mm256_add_epi32(iacc_min[c], iacc_min_sb);
+            }
+        }
+        for (int c = 0; c < NC; ++c) {
+            const __m256 row_scale = _mm256_set1_ps(x[c][b].d);
+            acc_row[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[c]), _mm256_mul_ps(col_scale, row_scale), acc_row[c]);
+            acc_min[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min[c]), _mm256_mul_ps(col_dmin, row_scale), acc_min[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        _mm256_storeu_ps(out[c], _mm256_sub_ps(_mm256_permutevar8x32_ps(acc_row[c], finalpermutemask), acc_min[c]));
+    }
+}
+
+static int hrm_is_repacked_q4_K(const struct ggml_tensor * w) {
+    return w->type == GGML_TYPE_Q4_K && w->buffer != NULL &&
+           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "CPU_REPACK") == 0 &&
+           w->ne[0] % 256 == 0 && w->ne[1] % 8 == 0 && ggml_nrows(w) == w->ne[1];
+}
+
+// dst [R, N] F32 = W (repacked Q4_K [K, R], the userdata: as a source, ggml's scheduler would
+// offer the op only to the repacked type's own kernels) · src0 (F32 [K, N], contiguous rows).
+// Threads split the 8-row groups.
+static void hrm_mul_mat_q4_K_repacked_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const struct ggml_tensor * w = userdata;
+    const struct ggml_tensor * x = dst->src[0];
+    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / 256;
+    struct hrm_q8_K * xq = malloc(sizeof(struct hrm_q8_K) * (size_t) (nb * N));
+    if (xq == NULL) {
+        GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
+    }
+    // ggml's from_float for the GEMV's column type, as its matmul quantizes a lone column
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float;
+    for (int64_t c = 0; c < N; ++c) {
+        quantize((const float *) ((const char *) x->data + c * x->nb[1]), xq + c * nb, K);
+    }
+    const int64_t groups = R / 8, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
+    float out[HRM_Q4_K_COLS][8];
+    for (int64_t g = g0; g < g1; ++g) {
+        const struct hrm_q4_Kx8 * wg = (const struct hrm_q4_Kx8 *) ((const char *) w->data + g * 8 * w->nb[1]);
+        for (int64_t c0 = 0; c0 < N; c0 += HRM_Q4_K_COLS) {
+            const int nc = N - c0 < HRM_Q4_K_COLS ? (int) (N - c0) : HRM_Q4_K_COLS;
+            const struct hrm_q8_K * xc[HRM_Q4_K_COLS] = { NULL };
+            for (int c = 0; c < nc; ++c) {
+                xc[c] = xq + (c0 + c) * nb;
+            }
+            switch (nc) {  // literal column counts: the accumulators stay in registers
+                case 1: hrm_q4_K_group(wg, nb, xc, 1, out); break;
+                case 2: hrm_q4_K_group(wg, nb, xc, 2, out); break;
+                case 3: hrm_q4_K_group(wg, nb, xc, 3, out); break;
+                default: hrm_q4_K_group(wg, nb, xc, 4, out); break;
+            }
+            for (int c = 0; c < nc; ++c) {
+                memcpy((char *) dst->data + (c0 + c) * dst->nb[1] + g * 8 * sizeof(float), out[c], sizeof out[c]);
+            }
+        }
+    }
+    free(xq);
 }
 
 #if defined(__AVX512F__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
@@ -578,8 +744,12 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
         return x->ne[1] >= 2;
     }
 #endif
+    if (hrm_is_repacked_q4_K(w)) {
+        // one column: ggml's matmul runs this GEMV itself, with its dynamic row chunks
+        return x->ne[1] >= 2;
+    }
     // otherwise only weights in ggml's plain layout: a weight in one of the CPU's other extra
-    // buffer types (repacked blocks) is stored in that type's own layout
+    // buffer types (other repacked blocks) is stored in that type's own layout
     if (w->buffer == NULL || !ggml_backend_buffer_is_host(w->buffer)) {
         return 0;
     }
@@ -597,6 +767,15 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
     }
 }
 
+int hrm_decode_matmul_reads_layout(const struct ggml_tensor * w) {
+#ifdef HRM_AMX_LAYOUT
+    if (hrm_is_amx_q8_0(w)) {
+        return 1;
+    }
+#endif
+    return hrm_is_repacked_q4_K(w);
+}
+
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x) {
     struct ggml_tensor * args[2] = { w, x };
 #ifdef HRM_AMX_LAYOUT
@@ -609,6 +788,9 @@ struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_te
         return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, hrm_mul_mat_bf16_amx_op, GGML_N_TASKS_MAX, NULL);
     }
 #endif
+    if (hrm_is_repacked_q4_K(w)) {
+        return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_q4_K_repacked_op, GGML_N_TASKS_MAX, w);
+    }
     ggml_custom_op_t op = w->type == GGML_TYPE_BF16 ? hrm_mul_mat_bf16_op : hrm_mul_mat_q8_0_op;
     return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, op, GGML_N_TASKS_MAX, NULL);
 }
@@ -618,6 +800,11 @@ struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_te
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x) {
     (void) w;
     (void) x;
+    return 0;
+}
+
+int hrm_decode_matmul_reads_layout(const struct ggml_tensor * w) {
+    (void) w;
     return 0;
 }
 

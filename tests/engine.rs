@@ -69,6 +69,11 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
     for ((checkpoint, ty, kv), (ext_matmul, ext_attention)) in cases.into_iter().flat_map(|c| [(true, true), (false, false), (true, false), (false, true)].map(|k| (c, k))) {
         let (_d, mut e) = engine_on(checkpoint, ty, kv, 8, forced(ext_matmul), forced(ext_attention));
         eprintln!("{ty:?}/{kv:?}: {} · {} · {:?}", e.model.placement(), e.kernels().unwrap(), e.model.placement_checks);
+        if ty == OutType::Q4K && repacks_q4_k() {
+            // the extension's kernel for ggml's repacked Q4_K keeps the columns apart, so the
+            // batch-invariant engine keeps that layout, and this test runs that kernel
+            assert!(e.model.placement().contains("CPU_REPACK") && !e.kernels().unwrap().matmul_in_layouts.is_empty(), "{}", e.model.placement());
+        }
         let prompts: Vec<Vec<u32>> = prompts().into_iter().take(8).collect();
         let steps = 10;
         let singles: Vec<_> = prompts.iter().map(|p| alone(&mut e, p, steps)).collect();
@@ -93,6 +98,14 @@ fn batched_decode_equals_single_stream_bit_for_bit() {
             }
         }
     }
+}
+
+/// Whether ggml repacks Q4_K weights on this machine (x86 with AVX2: its 8x8 layout).
+fn repacks_q4_k() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
 }
 
 /// The check a batch-invariant engine makes before taking an extra buffer type

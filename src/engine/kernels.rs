@@ -64,6 +64,10 @@ pub struct Decision {
 #[derive(Debug, Clone)]
 pub struct KernelPlan {
     pub matmul: Decision,
+    /// A batch-invariant engine's weights in an extra buffer type's layout the extension reads
+    /// ("224 q4_K"; empty: none): their decode matmul is the extension's whatever `matmul` says,
+    /// as ggml's kernels there may mix columns.
+    pub matmul_in_layouts: String,
     pub attention: Decision,
     pub prefill_attention: Decision,
     /// Seconds spent timing at load (0 when forced or cached).
@@ -83,6 +87,9 @@ impl std::fmt::Display for KernelPlan {
             name(&self.prefill_attention, "frigg's", "ggml's flash attention"),
             self.prefill_attention.why
         )?;
+        if !self.matmul_in_layouts.is_empty() {
+            write!(f, "; decode matmul of the weights in repacked layouts ({}): frigg's (its columns stay apart)", self.matmul_in_layouts)?;
+        }
         if self.timing_s > 0.0 {
             write!(f, "; timed in {:.2} s", self.timing_s)?;
         }
@@ -104,6 +111,9 @@ pub struct PlanInput<'a> {
     pub n_head: usize,
     pub n_ctx: usize,
     pub n_stream: usize,
+    /// A batch-invariant engine: both arms run the extension's kernel on the extra layouts it
+    /// reads, as its decode steps do (`hrm_step.cpu_invariant_decode`).
+    pub invariant: bool,
     /// Names the engine's shape and build in the cache key.
     pub key: String,
 }
@@ -139,16 +149,17 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
     let mut cache = Cache::load();
     let matmul = decide(matmul, || {
         let key = format!("matmul|{}|{}", input.key, batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","));
-        // the batch sizes where the extension's arm ran the extension, found in its first round:
-        // where it has no kernel (one column of Q8_0) both arms run ggml's same op, and timing
-        // that only adds noise
+        // the batch sizes where the two arms differ, found in the extension's first round: where
+        // it has no kernel (one column of Q8_0), or the engine takes it either way (a
+        // batch-invariant engine's weights in a repacked layout it reads), both arms run the
+        // same ops, and timing that only adds noise
         let differ = std::cell::RefCell::new(None::<Vec<usize>>);
         cache.get_or_time(&key, |extension| {
             let mut total = 0.0;
             if extension && differ.borrow().is_none() {
                 let mut used_at = Vec::new();
                 for &n in &batches {
-                    let (s, used) = ext::time_decode_matmuls(input.backend, &input.weights, n, true, REPS)?;
+                    let (s, used) = ext::time_decode_matmuls(input.backend, &input.weights, n, true, input.invariant, REPS)?;
                     if used {
                         total += s;
                         used_at.push(n);
@@ -159,7 +170,7 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
                 return any.then_some(total);
             }
             for &n in differ.borrow().as_deref().unwrap_or_default() {
-                total += ext::time_decode_matmuls(input.backend, &input.weights, n, extension, REPS)?.0;
+                total += ext::time_decode_matmuls(input.backend, &input.weights, n, extension, input.invariant, REPS)?.0;
             }
             Some(total)
         })
@@ -188,7 +199,7 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
     };
     let timing_s = if cache.dirty { t0.elapsed().as_secs_f64() } else { 0.0 };
     cache.save();
-    KernelPlan { matmul, attention, prefill_attention, timing_s }
+    KernelPlan { matmul, matmul_in_layouts: String::new(), attention, prefill_attention, timing_s }
 }
 
 fn decide(choice: KernelChoice, time: impl FnOnce() -> Timed) -> Decision {

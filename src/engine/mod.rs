@@ -295,6 +295,8 @@ pub struct Engine {
     cpu_decode_attention: bool,
     cpu_decode_matmul: bool,
     cpu_prefill_attention: bool,
+    /// Decode steps keep each stream's bits apart from its neighbours' (`hrm_step.cpu_invariant_decode`).
+    cpu_invariant_decode: bool,
     /// CPU engines: which kernels run, and why.
     kernels: Option<KernelPlan>,
     graphs: GraphStats,
@@ -413,6 +415,7 @@ impl Engine {
                 n_head: hp.n_head as usize,
                 n_ctx,
                 n_stream: opts.n_stream.max(1),
+                invariant: invariant_batches,
                 key: format!(
                     "{} | {} | {} | kernels {} | {} | threads {} | streams {} | invariant {} | kv {}",
                     machine.cpu,
@@ -431,7 +434,11 @@ impl Engine {
                 decode_attention: opts.decode_attention,
                 prefill_attention: opts.prefill_attention,
             };
-            kernels::plan(&input, choices)
+            let mut plan = kernels::plan(&input, choices);
+            if invariant_batches {
+                plan.matmul_in_layouts = model.extension_layout_weights();
+            }
+            plan
         });
         let cpu_decode_attention = kernels.as_ref().is_some_and(|k| k.attention.extension);
         let cpu_decode_matmul = kernels.as_ref().is_some_and(|k| k.matmul.extension);
@@ -454,6 +461,7 @@ impl Engine {
             cpu_decode_attention,
             cpu_decode_matmul,
             cpu_prefill_attention,
+            cpu_invariant_decode: invariant_batches && !opts.gpu,
             kernels,
             graphs: GraphStats::default(),
             decode_signature: None,
@@ -571,6 +579,7 @@ impl Engine {
             cpu_decode_attention: i32::from(self.cpu_decode_attention),
             cpu_decode_matmul: i32::from(self.cpu_decode_matmul),
             cpu_prefill_attention: i32::from(self.cpu_prefill_attention),
+            cpu_invariant_decode: i32::from(self.cpu_invariant_decode),
         }
     }
 

@@ -272,6 +272,18 @@ impl Model {
         out
     }
 
+    /// The layer weights stored in an extra buffer type's own layout that the extension's decode
+    /// matmul reads, by type ("224 q4_K"): a batch-invariant decode multiplies these by its kernel.
+    pub fn extension_layout_weights(&self) -> String {
+        let mut by_type: std::collections::BTreeMap<String, usize> = Default::default();
+        for w in self.layers.iter().flat_map(|l| [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down]) {
+            if ext::decode_matmul_reads_layout(w) {
+                *by_type.entry(w.ty().name()).or_default() += 1;
+            }
+        }
+        by_type.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", ")
+    }
+
     /// Where the weights sit: "CPU_REPACK 1.20 GiB (96 q4_K) · CPU 0.60 GiB (16 q6_K, 1 f32)".
     pub fn placement(&self) -> String {
         self.weight_bytes
@@ -305,10 +317,11 @@ fn columns_agree_in(buft: BufferType, decode: &Backend, counts: &[usize], file: 
     let what = format!("{} for {} weights {} wide", buft.name(), ty.name(), dims[0]);
     let max = counts.iter().max().copied().unwrap_or(1);
     let verdict = ext::mul_mat_columns_agree(decode, &w, counts);
+    let kernel = if ext::decode_matmul_reads_layout(&w) { "frigg's kernel for this layout" } else { "ggml's kernel" };
     let took = format!("checked in {} ms", started.elapsed().as_millis());
     Ok(match verdict {
-        Ok(()) => (true, format!("{what}: kept for batch-invariant decode (each of up to {max} columns has the bits it has alone; {took})")),
-        Err(Some(n)) => (false, format!("{what}: not used for batch-invariant decode ({n} columns together round differently from each alone; {took})")),
+        Ok(()) => (true, format!("{what}: kept for batch-invariant decode ({kernel}: each of up to {max} columns has the bits it has alone; {took})")),
+        Err(Some(n)) => (false, format!("{what}: not used for batch-invariant decode ({kernel}: {n} columns together round differently from each alone; {took})")),
         Err(None) => (false, format!("{what}: not used for batch-invariant decode (the check could not run; {took})")),
     })
 }

@@ -218,7 +218,9 @@ impl Step {
 /// the device per prefill.
 pub const CANCEL_EVERY: usize = 32;
 
-/// Whether `backend`'s matmul of `w` gives each column the same bits alone as beside others:
+/// Whether the matmul a batch-invariant decode step runs on `w` (ggml's, or the extension's on a
+/// layout it reads: `decode_matmul_reads_layout`) gives each column on `backend` the same bits
+/// alone as beside others:
 /// Ok(()) when it does for every column count in `counts`; Err(Some(n)) names the first count
 /// whose columns differ, Err(None) when the check could not run.
 pub fn mul_mat_columns_agree(backend: &Backend, w: &Tensor, counts: &[usize]) -> Result<(), Option<usize>> {
@@ -233,16 +235,24 @@ pub fn mul_mat_columns_agree(backend: &Backend, w: &Tensor, counts: &[usize]) ->
     }
 }
 
+/// Whether `w` lies in an extra buffer type's own layout that the extension's decode matmul reads
+/// (a batch-invariant decode multiplies it by that kernel).
+pub fn decode_matmul_reads_layout(w: &Tensor) -> bool {
+    // SAFETY: an allocated weight; the C side reads its type, shape and buffer.
+    unsafe { raw::hrm_decode_matmul_reads_layout(w.raw()) != 0 }
+}
+
 /// Median seconds of one graph of decode matmuls, `w · x` for every `w` in `weights` (x F32
 /// `[K, n_cols]`), on `backend` after a warm-up, by the extension's kernel (`extension`, where it
-/// has one) or ggml's, exactly as a decode graph builds them; with whether the extension's
-/// kernel ran for any. None when the graph could not run.
-pub fn time_decode_matmuls(backend: &Backend, weights: &[&Tensor], n_cols: usize, extension: bool, reps: usize) -> Option<(f64, bool)> {
+/// has one) or ggml's, exactly as a decode graph of a batch-invariant (`invariant`) or batched
+/// engine builds them; with whether the two choices differ for any weight (the extension has a
+/// kernel the engine does not take anyway). None when the graph could not run.
+pub fn time_decode_matmuls(backend: &Backend, weights: &[&Tensor], n_cols: usize, extension: bool, invariant: bool, reps: usize) -> Option<(f64, bool)> {
     let mut w: Vec<*mut llama_cpp_sys_2::ggml_tensor> = weights.iter().map(|t| t.raw()).collect();
     let mut used = 0;
     // SAFETY: a live backend and allocated tensors (weights are allocated at load), `w.len()` of
     // them; the C side builds, allocates and frees its own scratch graph around them.
-    let s = unsafe { raw::hrm_time_decode_matmuls(backend.raw(), w.as_mut_ptr(), w.len() as i32, n_cols as i32, i32::from(extension), reps as i32, &mut used) };
+    let s = unsafe { raw::hrm_time_decode_matmuls(backend.raw(), w.as_mut_ptr(), w.len() as i32, n_cols as i32, i32::from(extension), i32::from(invariant), reps as i32, &mut used) };
     (s >= 0.0).then_some((s, used != 0))
 }
 

@@ -449,7 +449,11 @@ fn kernels_label(o: &EngineOptions, plan: Option<&KernelPlan>) -> String {
     }
     let mut parts = vec![if o.batch_invariant { "batch-invariant" } else { "batched GEMM" }];
     if let Some(p) = plan {
-        parts.push(if p.matmul.extension { "frigg matmul" } else { "ggml matmul" });
+        parts.push(match (p.matmul.extension, p.matmul_in_layouts.is_empty()) {
+            (true, _) => "frigg matmul",
+            (false, true) => "ggml matmul",
+            (false, false) => "ggml matmul (frigg's on repacked layouts)",
+        });
         parts.push(if p.attention.extension { "frigg attention" } else { "flash attention" });
         parts.push(if p.prefill_attention.extension { "frigg prefill attention" } else { "flash prefill attention" });
     }
