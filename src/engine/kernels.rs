@@ -60,6 +60,27 @@ pub struct Decision {
     pub why: String,
 }
 
+/// An on/off choice and the reason, for the start-up log.
+#[derive(Debug, Clone)]
+pub struct Switch {
+    pub on: bool,
+    pub why: String,
+}
+
+/// Whether an engine's decode kernel set is fixed by its shape: a batch-invariant engine needs
+/// ggml's reference kernels (their arithmetic per row does not change with the batch), a
+/// one-stream engine never batches, so ggml's fast kernels are its choice for one row. None: a
+/// batched engine of several streams, which times the two sets.
+pub fn reference_kernels_by_shape(invariant: bool, n_stream: usize) -> Option<Switch> {
+    if invariant {
+        Some(Switch { on: true, why: "a batch-invariant engine".into() })
+    } else if n_stream < 2 {
+        Some(Switch { on: false, why: "one stream".into() })
+    } else {
+        None
+    }
+}
+
 /// The engine's kernels.
 #[derive(Debug, Clone)]
 pub struct KernelPlan {
@@ -70,6 +91,9 @@ pub struct KernelPlan {
     pub matmul_in_layouts: String,
     pub attention: Decision,
     pub prefill_attention: Decision,
+    /// Whether decode steps run on ggml's reference kernels (vec_dot matmuls, per-row attention,
+    /// no op fusion) rather than its fast ones (tiled GEMM, split-KV attention).
+    pub reference_kernels: Switch,
     /// Seconds spent timing at load (0 when forced or cached).
     pub timing_s: f64,
 }
@@ -87,6 +111,9 @@ impl std::fmt::Display for KernelPlan {
             name(&self.prefill_attention, "frigg's", "ggml's flash attention"),
             self.prefill_attention.why
         )?;
+        if self.reference_kernels.why.starts_with("measured") {
+            write!(f, "; decode kernel set: ggml's {} ({})", if self.reference_kernels.on { "reference" } else { "fast" }, self.reference_kernels.why)?;
+        }
         if !self.matmul_in_layouts.is_empty() {
             write!(f, "; decode matmul of the weights in repacked layouts ({}): frigg's (its columns stay apart)", self.matmul_in_layouts)?;
         }
@@ -197,9 +224,31 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
             })
         })
     };
+    // A batched engine's decode backend on ggml's reference kernels or its fast ones: the ops the
+    // switch changes in a decode step (ggml's matmuls, and its flash attention where that was
+    // chosen), timed both ways with the choices above; ggml's own op fusion, which the reference
+    // set also turns off, is not timed.
+    let reference_kernels = reference_kernels_by_shape(input.invariant, input.n_stream).unwrap_or_else(|| {
+        let key = format!("reference kernels|{}|{}|{}|{n_kv}", input.key, matmul.extension, attention.extension);
+        let t = cache.get_or_time(&key, |reference| {
+            input.backend.set_reference_kernels(reference);
+            let mut total = 0.0;
+            for &n in &batches {
+                total += ext::time_decode_matmuls(input.backend, &input.weights, n, matmul.extension, false, REPS)?.0;
+                if !attention.extension {
+                    let shape = ext::AttentionShape { kv_type: input.kv_type, head_dim: input.head_dim, n_head: input.n_head, n_kv, n_stream: n };
+                    total += ext::time_decode_attention(input.backend, shape, false, REPS)?;
+                }
+            }
+            Some(total)
+        });
+        input.backend.set_reference_kernels(false);
+        let ms = |s: Option<f64>| s.map_or("n/a".to_string(), |s| format!("{:.2} ms", s * 1e3));
+        Switch { on: prefer_extension(t.ext, t.ggml), why: format!("measured{}: reference {} vs fast {}", if t.cached { " (cached)" } else { "" }, ms(t.ext), ms(t.ggml)) }
+    });
     let timing_s = if cache.dirty { t0.elapsed().as_secs_f64() } else { 0.0 };
     cache.save();
-    KernelPlan { matmul, matmul_in_layouts: String::new(), attention, prefill_attention, timing_s }
+    KernelPlan { matmul, matmul_in_layouts: String::new(), attention, prefill_attention, reference_kernels, timing_s }
 }
 
 fn decide(choice: KernelChoice, time: impl FnOnce() -> Timed) -> Decision {
@@ -334,6 +383,15 @@ mod tests {
         assert!(!prefer_extension(None, Some(1.00)));
         assert!(!prefer_extension(None, None));
         assert!(prefer_extension(Some(1.0), None));
+    }
+
+    #[test]
+    fn only_a_batched_engine_of_several_streams_times_the_reference_kernels() {
+        assert!(reference_kernels_by_shape(true, 4).is_some_and(|s| s.on));
+        assert!(reference_kernels_by_shape(true, 64).is_some_and(|s| s.on));
+        assert!(reference_kernels_by_shape(false, 1).is_some_and(|s| !s.on));
+        assert!(reference_kernels_by_shape(false, 0).is_some_and(|s| !s.on));
+        assert!(reference_kernels_by_shape(false, 2).is_none());
     }
 
     #[test]

@@ -364,7 +364,8 @@ impl Engine {
         // attention). With several streams, decode gets ggml's reference kernels, whose
         // arithmetic per row does not change with the batch, so a sequence's logits are the
         // same alone or batched (docs/parity.md); they cost ~20% at batch 1 (docs/benchmarks.md,
-        // matrix), so a one-stream engine, which cannot batch, keeps the fast kernels.
+        // matrix), so a one-stream engine, which cannot batch, keeps the fast kernels, and a
+        // batched engine (`--batched-kernels`) takes whichever set times faster at load.
         let cpu_first = Backend::cpu(opts.threads)?;
         let cpu_decode = Backend::cpu(opts.threads)?;
         cpu_decode.set_reference_kernels(opts.batch_invariant && opts.n_stream > 1);
@@ -438,6 +439,7 @@ impl Engine {
             if invariant_batches {
                 plan.matmul_in_layouts = model.extension_layout_weights();
             }
+            backends[n - 1].set_reference_kernels(plan.reference_kernels.on);
             plan
         });
         let cpu_decode_attention = kernels.as_ref().is_some_and(|k| k.attention.extension);

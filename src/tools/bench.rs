@@ -449,6 +449,9 @@ fn kernels_label(o: &EngineOptions, plan: Option<&KernelPlan>) -> String {
     }
     let mut parts = vec![if o.batch_invariant { "batch-invariant" } else { "batched GEMM" }];
     if let Some(p) = plan {
+        if !o.batch_invariant && p.reference_kernels.on {
+            parts[0] = "batched, on ggml's reference kernels (timed faster)";
+        }
         parts.push(match (p.matmul.extension, p.matmul_in_layouts.is_empty()) {
             (true, _) => "frigg matmul",
             (false, true) => "ggml matmul",
