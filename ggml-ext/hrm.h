@@ -148,7 +148,9 @@ struct ggml_tensor * hrm_prefill_attention(struct ggml_context * ctx, struct ggm
 // → F32 [R, N]; each column's result does not depend on N. Q8_0 (N >= 2): every dot product as
 // ggml's AVX2 vec_dot computes it, or, for a weight in ggml's AMX buffer type (AVX512-VNNI
 // builds), as ggml's one-column kernel for that layout does. BF16 (any N): weights widened to
-// F32, activations unrounded. Weights in other extra buffer types are not supported.
+// F32, activations unrounded. Q4_K in ggml's repacked layout (its CPU_REPACK buffer type, N >= 2):
+// every column as ggml's 1-column GEMV for that layout computes it. Weights in other extra
+// buffer types are not supported.
 // Supported on AVX2 builds only (elsewhere hrm_decode_matmul is ggml_mul_mat).
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x);
 // Whether w lies in an extra buffer type's own layout that hrm_decode_matmul reads (ggml's AMX
