@@ -93,8 +93,9 @@ struct RunnerArgs {
     /// Mimir's training data use the raw tokenizer.json; see docs).
     #[arg(long)]
     tokenizer_mistral_regex: bool,
-    /// Decode batches with ggml's batched GEMM kernels (faster with several sequences; a
-    /// sequence's logits then depend on what it is batched with). Default: batch-invariant.
+    /// Decode batches with ggml's batched GEMM kernels, or its reference ones where those time
+    /// faster at load (faster with several sequences on most CPUs; a sequence's logits may then
+    /// depend on what it is batched with). Default: batch-invariant.
     #[arg(long)]
     batched_kernels: bool,
 }
