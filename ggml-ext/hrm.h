@@ -102,9 +102,9 @@ struct hrm_step {
     int32_t cpu_prefill_attention;  // 1: first forwards attend with hrm_prefill_attention instead
                         // of ggml_flash_attn_ext; CPU backends only (a custom op), F16/F32 caches
     int32_t cpu_invariant_decode;  // 1: the engine keeps each stream's decode bits apart from its
-                        // neighbours': weights in an extra buffer type's layout that
-                        // hrm_decode_matmul reads (hrm_decode_matmul_reads_layout) take its kernel
-                        // whatever cpu_decode_matmul says, as ggml's kernels there may mix columns
+                        // neighbours': weights whose layout's ggml kernels mix columns and that
+                        // hrm_decode_matmul reads (hrm_invariant_decode_needs_extension) take its
+                        // kernel whatever cpu_decode_matmul says
 };
 
 // The step's inputs (filled by the caller before compute) and its output.
@@ -153,9 +153,11 @@ struct ggml_tensor * hrm_prefill_attention(struct ggml_context * ctx, struct ggm
 // buffer types are not supported.
 // Supported on AVX2 builds only (elsewhere hrm_decode_matmul is ggml_mul_mat).
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x);
-// Whether w lies in an extra buffer type's own layout that hrm_decode_matmul reads (ggml's AMX
-// Q8_0 tiles, its repacked Q4_K).
-int hrm_decode_matmul_reads_layout(const struct ggml_tensor * w);
+// Whether w lies in an extra buffer type's layout whose ggml matmul gives a column other bits
+// beside others than alone, and which hrm_decode_matmul reads with each column's arithmetic
+// fixed: ggml's repacked Q4_K (a 4-column GEMM beside a 1-column GEMV). A batch-invariant
+// decode multiplies such a weight by the extension's kernel.
+int hrm_invariant_decode_needs_extension(const struct ggml_tensor * w);
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x);
 
 // Median seconds of one decode op on `backend` (after a warm-up), as hrm_ops.c builds it with
@@ -176,7 +178,7 @@ double hrm_time_prefill_attention(ggml_backend_t backend, enum ggml_type kv_type
                                   int n_tokens, int use_ext, int reps);
 
 // Whether the matmul a batch-invariant decode step runs on w (hrm_op_mul_mat with
-// cpu_invariant_decode) gives every column on `backend` the bits it gets alone: for each n in
+// cpu_invariant_decode, cpu_decode_matmul 0) gives every column on `backend` the bits it gets alone: for each n in
 // counts, x F32 [w->ne[0], n] (distinct values per column) against each column computed by itself.
 // 1 agree; 0 not (*first_differing = the first n whose columns differ); -1 could not run.
 // For a weight in one of the CPU's extra buffer types, whose ggml kernels need not follow the

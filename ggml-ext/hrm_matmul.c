@@ -767,12 +767,8 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
     }
 }
 
-int hrm_decode_matmul_reads_layout(const struct ggml_tensor * w) {
-#ifdef HRM_AMX_LAYOUT
-    if (hrm_is_amx_q8_0(w)) {
-        return 1;
-    }
-#endif
+int hrm_invariant_decode_needs_extension(const struct ggml_tensor * w) {
+    // ggml's AMX Q8_0 matmul passes the column check (it is the timed choice's to take or not)
     return hrm_is_repacked_q4_K(w);
 }
 
@@ -803,7 +799,7 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
     return 0;
 }
 
-int hrm_decode_matmul_reads_layout(const struct ggml_tensor * w) {
+int hrm_invariant_decode_needs_extension(const struct ggml_tensor * w) {
     (void) w;
     return 0;
 }

@@ -10,11 +10,11 @@ int hrm_op_mul_mat_is_extension(const struct hrm_step * step, const struct ggml_
                                 const struct ggml_tensor * x) {
     // decode steps on a CPU take the extension's matmul where it applies (Q8_0 with several
     // streams, BF16 always, and only in a weight layout it reads: hrm_decode_matmul_supported);
-    // a batch-invariant one always on an extra buffer type's layout it reads
+    // a batch-invariant one always where ggml's kernel for the weight's layout mixes columns
     if (step->first || !hrm_decode_matmul_supported(w, x)) {
         return 0;
     }
-    return step->cpu_decode_matmul || (step->cpu_invariant_decode && hrm_decode_matmul_reads_layout(w));
+    return step->cpu_decode_matmul || (step->cpu_invariant_decode && hrm_invariant_decode_needs_extension(w));
 }
 
 struct ggml_tensor * hrm_op_mul_mat(struct ggml_context * ctx, const struct hrm_step * step,

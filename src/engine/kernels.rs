@@ -85,9 +85,9 @@ pub fn reference_kernels_by_shape(invariant: bool, n_stream: usize) -> Option<Sw
 #[derive(Debug, Clone)]
 pub struct KernelPlan {
     pub matmul: Decision,
-    /// A batch-invariant engine's weights in an extra buffer type's layout the extension reads
-    /// ("224 q4_K"; empty: none): their decode matmul is the extension's whatever `matmul` says,
-    /// as ggml's kernels there may mix columns.
+    /// A batch-invariant engine's weights in a layout whose ggml kernels mix columns and which
+    /// the extension reads ("224 q4_K"; empty: none): their decode matmul is the extension's
+    /// whatever `matmul` says.
     pub matmul_in_layouts: String,
     pub attention: Decision,
     pub prefill_attention: Decision,
@@ -138,8 +138,8 @@ pub struct PlanInput<'a> {
     pub n_head: usize,
     pub n_ctx: usize,
     pub n_stream: usize,
-    /// A batch-invariant engine: both arms run the extension's kernel on the extra layouts it
-    /// reads, as its decode steps do (`hrm_step.cpu_invariant_decode`).
+    /// A batch-invariant engine: both arms run the extension's kernel where ggml's kernel for a
+    /// weight's layout mixes columns, as its decode steps do (`hrm_step.cpu_invariant_decode`).
     pub invariant: bool,
     /// Names the engine's shape and build in the cache key.
     pub key: String,
@@ -178,7 +178,7 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
         let key = format!("matmul|{}|{}", input.key, batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","));
         // the batch sizes where the two arms differ, found in the extension's first round: where
         // it has no kernel (one column of Q8_0), or the engine takes it either way (a
-        // batch-invariant engine's weights in a repacked layout it reads), both arms run the
+        // batch-invariant engine's repacked Q4_K weights), both arms run the
         // same ops, and timing that only adds noise
         let differ = std::cell::RefCell::new(None::<Vec<usize>>);
         cache.get_or_time(&key, |extension| {

@@ -272,12 +272,12 @@ impl Model {
         out
     }
 
-    /// The layer weights stored in an extra buffer type's own layout that the extension's decode
-    /// matmul reads, by type ("224 q4_K"): a batch-invariant decode multiplies these by its kernel.
+    /// The layer weights a batch-invariant decode multiplies by the extension's kernel whatever
+    /// the timing at load chose (`ext::invariant_decode_needs_extension`), by type ("224 q4_K").
     pub fn extension_layout_weights(&self) -> String {
         let mut by_type: std::collections::BTreeMap<String, usize> = Default::default();
         for w in self.layers.iter().flat_map(|l| [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down]) {
-            if ext::decode_matmul_reads_layout(w) {
+            if ext::invariant_decode_needs_extension(w) {
                 *by_type.entry(w.ty().name()).or_default() += 1;
             }
         }
@@ -317,7 +317,7 @@ fn columns_agree_in(buft: BufferType, decode: &Backend, counts: &[usize], file: 
     let what = format!("{} for {} weights {} wide", buft.name(), ty.name(), dims[0]);
     let max = counts.iter().max().copied().unwrap_or(1);
     let verdict = ext::mul_mat_columns_agree(decode, &w, counts);
-    let kernel = if ext::decode_matmul_reads_layout(&w) { "frigg's kernel for this layout" } else { "ggml's kernel" };
+    let kernel = if ext::invariant_decode_needs_extension(&w) { "frigg's kernel for this layout" } else { "ggml's kernel" };
     let took = format!("checked in {} ms", started.elapsed().as_millis());
     Ok(match verdict {
         Ok(()) => (true, format!("{what}: kept for batch-invariant decode ({kernel}: each of up to {max} columns has the bits it has alone; {took})")),

@@ -218,8 +218,8 @@ impl Step {
 /// the device per prefill.
 pub const CANCEL_EVERY: usize = 32;
 
-/// Whether the matmul a batch-invariant decode step runs on `w` (ggml's, or the extension's on a
-/// layout it reads: `decode_matmul_reads_layout`) gives each column on `backend` the same bits
+/// Whether the matmul a batch-invariant decode step runs on `w` (ggml's, or the extension's where
+/// `invariant_decode_needs_extension`) gives each column on `backend` the same bits
 /// alone as beside others:
 /// Ok(()) when it does for every column count in `counts`; Err(Some(n)) names the first count
 /// whose columns differ, Err(None) when the check could not run.
@@ -235,11 +235,12 @@ pub fn mul_mat_columns_agree(backend: &Backend, w: &Tensor, counts: &[usize]) ->
     }
 }
 
-/// Whether `w` lies in an extra buffer type's own layout that the extension's decode matmul reads
-/// (a batch-invariant decode multiplies it by that kernel).
-pub fn decode_matmul_reads_layout(w: &Tensor) -> bool {
+/// Whether `w` lies in an extra buffer type's layout whose ggml matmul mixes columns and which
+/// the extension's decode matmul reads with each column's arithmetic fixed (ggml's repacked
+/// Q4_K): a batch-invariant decode multiplies it by that kernel.
+pub fn invariant_decode_needs_extension(w: &Tensor) -> bool {
     // SAFETY: an allocated weight; the C side reads its type, shape and buffer.
-    unsafe { raw::hrm_decode_matmul_reads_layout(w.raw()) != 0 }
+    unsafe { raw::hrm_invariant_decode_needs_extension(w.raw()) != 0 }
 }
 
 /// Median seconds of one graph of decode matmuls, `w · x` for every `w` in `weights` (x F32
