@@ -243,12 +243,16 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
             Some(total)
         });
         input.backend.set_reference_kernels(false);
-        let ms = |s: Option<f64>| s.map_or("n/a".to_string(), |s| format!("{:.2} ms", s * 1e3));
         Switch { on: prefer_extension(t.ext, t.ggml), why: format!("measured{}: reference {} vs fast {}", if t.cached { " (cached)" } else { "" }, ms(t.ext), ms(t.ggml)) }
     });
     let timing_s = if cache.dirty { t0.elapsed().as_secs_f64() } else { 0.0 };
     cache.save();
     KernelPlan { matmul, matmul_in_layouts: String::new(), attention, prefill_attention, reference_kernels, timing_s }
+}
+
+/// A timing for the start-up log: "12.34 ms", or "n/a" where there was none.
+fn ms(s: Option<f64>) -> String {
+    s.map_or("n/a".to_string(), |s| format!("{:.2} ms", s * 1e3))
 }
 
 fn decide(choice: KernelChoice, time: impl FnOnce() -> Timed) -> Decision {
@@ -258,8 +262,7 @@ fn decide(choice: KernelChoice, time: impl FnOnce() -> Timed) -> Decision {
         KernelChoice::Measure => {
             let t = time();
             let extension = prefer_extension(t.ext, t.ggml);
-            let ms = |s: Option<f64>| s.map_or("n/a".to_string(), |s| format!("{:.2} ms", s * 1e3));
-            let why = match t.ext {
+                let why = match t.ext {
                 None => "the extension has no kernel for it here".to_string(),
                 Some(_) => format!("measured{}: frigg's {} vs ggml's {}", if t.cached { " (cached)" } else { "" }, ms(t.ext), ms(t.ggml)),
             };

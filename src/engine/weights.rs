@@ -264,7 +264,7 @@ impl Model {
             if held >= bytes {
                 break;
             }
-            for w in [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
+            for w in l.matmul_weights() {
                 held += w.nbytes();
                 out.push(w);
             }
@@ -276,7 +276,7 @@ impl Model {
     /// the timing at load chose (`ext::invariant_decode_needs_extension`), by type ("224 q4_K").
     pub fn extension_layout_weights(&self) -> String {
         let mut by_type: std::collections::BTreeMap<String, usize> = Default::default();
-        for w in self.layers.iter().flat_map(|l| [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down]) {
+        for w in self.layers.iter().flat_map(ext::Layer::matmul_weights) {
             if ext::invariant_decode_needs_extension(w) {
                 *by_type.entry(w.ty().name()).or_default() += 1;
             }

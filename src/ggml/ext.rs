@@ -31,6 +31,13 @@ pub struct Layer {
     pub attn_gqkv: Option<Tensor>,
 }
 
+impl Layer {
+    /// The block's eight matmul weights, each once (without the stacked `attn_gqkv` view).
+    pub fn matmul_weights(&self) -> [&Tensor; 8] {
+        [&self.attn_gate, &self.attn_q, &self.attn_k, &self.attn_v, &self.attn_out, &self.ffn_gate, &self.ffn_up, &self.ffn_down]
+    }
+}
+
 /// The model as the builder reads it; `output` None: tied to `tok_embd`.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelView<'a> {
@@ -117,7 +124,7 @@ pub fn build(model: &ModelView, kv: &KvView, shape: StepShape, graph_size: usize
     };
     [model.tok_embd, model.z_l_init].into_iter().chain(model.output).for_each(&mut keep);
     for l in model.layers {
-        [&l.attn_gate, &l.attn_q, &l.attn_k, &l.attn_v, &l.attn_out, &l.ffn_gate, &l.ffn_up, &l.ffn_down].into_iter().chain(&l.attn_gqkv).for_each(&mut keep);
+        l.matmul_weights().into_iter().chain(&l.attn_gqkv).for_each(&mut keep);
     }
     kv.k.iter().chain(kv.v).for_each(&mut keep);
     let graph = Graph::new(graph_size, reads)?;
