@@ -97,7 +97,8 @@ struct hrm_step {
     int32_t cpu_decode_attention;  // 1: decode steps (first == 0, one token per stream) attend
                         // with hrm_decode_attention instead of ggml_flash_attn_ext; CPU backends
                         // only (a custom op), F16/F32 caches only (others keep flash attention)
-    int32_t cpu_decode_matmul;  // 1: decode steps multiply Q8_0/BF16 weights with hrm_decode_matmul
+    int32_t cpu_decode_matmul;  // 1: decode steps multiply the weights hrm_decode_matmul_supported
+                        // takes (Q8_0, BF16, and some in extra buffer types) with hrm_decode_matmul
                         // instead of ggml_mul_mat; CPU backends only (a custom op)
     int32_t cpu_prefill_attention;  // 1: first forwards attend with hrm_prefill_attention instead
                         // of ggml_flash_attn_ext; CPU backends only (a custom op), F16/F32 caches
@@ -146,8 +147,9 @@ struct ggml_tensor * hrm_prefill_attention(struct ggml_context * ctx, struct ggm
 
 // Decode matmul on the CPU (hrm_matmul.c): W ([K, R]) · x (F32 [K, N], rows contiguous)
 // → F32 [R, N]; each column's result does not depend on N. Q8_0 (N >= 2): every dot product as
-// ggml's AVX2 vec_dot computes it, or, for a weight in ggml's AMX buffer type (AVX512-VNNI
-// builds), as ggml's one-column kernel for that layout does. BF16 (any N): weights widened to
+// ggml's AVX2 vec_dot computes it. Q8_0, Q4_0, Q4_K and Q6_K in ggml's AMX buffer type
+// (AMX-INT8 builds, N >= 2): every column as ggml's one-column kernel for that layout computes
+// it. BF16 (any N): weights widened to
 // F32, activations unrounded. Q4_K in ggml's repacked layout (its CPU_REPACK buffer type, N >= 2):
 // every column as ggml's 1-column GEMV for that layout computes it. Weights in other extra
 // buffer types are not supported.

@@ -11,12 +11,15 @@
 // vec_dot (one 8-lane accumulator over the blocks, then the same horizontal sum), whatever the
 // number of columns or threads: a stream's result does not depend on its neighbours.
 //
-// Q8_0 weights that ggml placed in AMX tiles (its "AMX" extra buffer type, Xeons with AMX-INT8)
-// are stored in that type's own layout; ggml's matmul on them takes an AVX512-VNNI kernel for one
-// column and AMX tiles for more, whose fixed 32-row blocks make a 4-column decode step cost
-// about half again a 1-column one. hrm_mul_mat_q8_0_amx_op reads the same layout with the
-// one-column kernel's arithmetic for every column, the weights loaded once for all of them, each
-// block's integer dot products for every column in one AMX tile multiply.
+// Q8_0, Q4_0, Q4_K and Q6_K weights that ggml placed in AMX tiles (its "AMX" extra buffer type,
+// Xeons with AMX-INT8) are stored in that type's own layout; ggml's matmul on them takes an
+// AVX512-VNNI kernel for one column and AMX tiles for more, in fixed blocks of 32 rows by one
+// quant block, each stored and rescaled through memory (and for the 4-bit and 6-bit types
+// unpacked) apiece, so a 4-column decode step cost about half again a 1-column one for Q8_0 and
+// more for the others. hrm_mul_mat_amx_op (Q8_0, Q4_0) and hrm_mul_mat_k_amx_op (Q4_K, Q6_K)
+// read the same layouts with the one-column kernel's arithmetic for every column, the weights
+// loaded (and unpacked) once for all of them, each block's (or sub-block's) integer dot products
+// for every column in one AMX tile multiply.
 //
 // BF16 weights on builds with AMX-BF16 (hrm_mul_mat_bf16_amx_op) go through AMX tiles loaded in
 // place from ggml's plain layout, the activations split exactly into three BF16 parts, so the
@@ -434,6 +437,11 @@ static void hrm_mul_mat_q4_K_repacked_op(struct ggml_tensor * dst, int ith, int 
 //   comp [16] int32: 128 * (sum of each row's 32 quants), for ggml's u8·s8 one-column kernel
 #define HRM_AMX_ROWS 16
 #define HRM_AMX_TILE (HRM_AMX_ROWS * QK + HRM_AMX_ROWS * 2 + HRM_AMX_ROWS * 4)
+// and for Q4_0 (pack_B for block_q4_0), HRM_AMX_Q4_TILE bytes per block:
+//   qs [4][16][4] bytes: chunk j's low nibbles are the B tile's VNNI row 2j (rows 0..15's 4-byte
+//      group 2j), its high nibbles row 2j + 1; each quant is the nibble minus 8 (ggml's unpack_B)
+//   d  [16] F16: each row's block scale
+#define HRM_AMX_Q4_TILE (HRM_AMX_ROWS * QK / 2 + HRM_AMX_ROWS * 2)
 // A thread reads several tiles side by side, block by block: that many sequential streams, which
 // the hardware prefetcher keeps ahead of the kernel, as ggml's one-column kernel does (it reads 4
 // tiles at a time). Up to 4 columns take 4 tiles at a time, up to 8 columns 2 (accumulators:
@@ -443,8 +451,10 @@ static void hrm_mul_mat_q4_K_repacked_op(struct ggml_tensor * dst, int ith, int 
 #define HRM_AMX_STREAMS 4
 #define HRM_AMX_COLS 8  // columns computed together: rows of the A and C tiles
 
-static int hrm_is_amx_q8_0(const struct ggml_tensor * w) {
-    return w->type == GGML_TYPE_Q8_0 && w->buffer != NULL &&
+// Q8_0 or Q4_0 weights in ggml's AMX layout (their blocks share QK, the column quantization and
+// the one-column kernel's arithmetic; only the tile bytes differ)
+static int hrm_is_amx_q8_0_q4_0(const struct ggml_tensor * w) {
+    return (w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q4_0) && w->buffer != NULL &&
            strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "AMX") == 0 &&
            w->ne[0] % QK == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
 }
@@ -475,35 +485,61 @@ static void hrm_amx_configure(int cols) {
 #define HRM_AMX_BLOCK_DOTS(c, b, blk, dots) \
     do { _tile_zero(c); _tile_loadd(b, blk, 64); _tile_dpbssd(c, 4, b); _tile_stored(c, dots, 64); } while (0)
 
-// G (1, 2 or 4) consecutive tiles × NC columns (G × NC <= 16): per block, the exact int32 dot products
-// of the column quants (signed) and the row quants (signed) by TDPBSSD, converted to F32 and
-// accumulated as acc = (float) dot * (d_w * d_x) + acc, block by block: ggml's one-column
-// kernel's arithmetic (its u8·s8 sum minus comp is the same integer). xs [col][nb][32] int8 at
-// `xs_stride` bytes per column, zero past the last column up to the configured rows.
+// A Q4_0 block of 16 rows (HRM_AMX_Q4_TILE layout) as the signed B tile, 8 rows × 64 bytes:
+// ggml's unpack_B for block_q4_0
+static inline void hrm_amx_unpack_q4_0(const char * blk, int8_t * tile) {
+    const __m512i off = _mm512_set1_epi8(8), low = _mm512_set1_epi8(0xF);
+    for (int j = 0; j < 4; ++j) {
+        const __m512i bytes = _mm512_loadu_si512((const void *) (blk + j * 64));
+        _mm512_store_si512((void *) (tile + j * 128), _mm512_sub_epi8(_mm512_and_si512(bytes, low), off));
+        _mm512_store_si512((void *) (tile + j * 128 + 64), _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(bytes, 4), low), off));
+    }
+}
+
+// the block of tile `g` (at `blk`) through B tile `b` and C tile `c`, unpacked first for Q4_0
+#define HRM_AMX_TILE_DOTS(c, b, g, blk) \
+    do { \
+        if (Q4) { \
+            hrm_amx_unpack_q4_0(blk, unpacked[g]); \
+            HRM_AMX_BLOCK_DOTS(c, b, unpacked[g], dots[g]); \
+        } else { \
+            HRM_AMX_BLOCK_DOTS(c, b, blk, dots[g]); \
+        } \
+    } while (0)
+
+// G (1, 2 or 4) consecutive tiles × NC columns (G × NC <= 16) of Q8_0 (Q4 = 0) or Q4_0 (Q4 = 1)
+// weights: per block, the exact int32 dot products of the column quants (signed) and the row
+// quants (signed) by TDPBSSD, converted to F32 and accumulated as
+// acc = (float) dot * (d_w * d_x) + acc, block by block: ggml's one-column kernel's arithmetic
+// for either type (its u8·s8 sum minus the compensation is the same integer). xs [col][nb][32]
+// int8 at `xs_stride` bytes per column, zero past the last column up to the configured rows.
 static inline __attribute__((always_inline)) void hrm_amx_tiles(
         const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd,
-        const int G, const int NC, float * out, int64_t out_stride) {
+        const int Q4, const int G, const int NC, float * out, int64_t out_stride) {
     __m512 acc[HRM_AMX_STREAMS][HRM_AMX_COLS];
     int32_t dots[HRM_AMX_STREAMS][HRM_AMX_COLS * 16] __attribute__((aligned(64)));
-    const int64_t ts = nb * HRM_AMX_TILE;  // bytes per tile
+    int8_t unpacked[HRM_AMX_STREAMS][8 * 64] __attribute__((aligned(64)));
+    const int64_t tb = Q4 ? HRM_AMX_Q4_TILE : HRM_AMX_TILE;  // bytes per block of a tile
+    const int64_t d_at = Q4 ? HRM_AMX_ROWS * QK / 2 : HRM_AMX_ROWS * QK;  // its scales' offset
+    const int64_t ts = nb * tb;  // bytes per tile
     for (int g = 0; g < G; ++g) {
         for (int c = 0; c < NC; ++c) {
             acc[g][c] = _mm512_setzero_ps();
         }
     }
     for (int64_t b = 0; b < nb; ++b) {
-        const char * blk = tile + b * HRM_AMX_TILE;
+        const char * blk = tile + b * tb;
         _tile_loadd(4, xs + b * QK, xs_stride);
-        HRM_AMX_BLOCK_DOTS(2, 0, blk, dots[0]);
+        HRM_AMX_TILE_DOTS(2, 0, 0, blk);
         if (G >= 2) {
-            HRM_AMX_BLOCK_DOTS(3, 1, blk + ts, dots[1]);
+            HRM_AMX_TILE_DOTS(3, 1, 1, blk + ts);
         }
         if (G == 4) {
-            HRM_AMX_BLOCK_DOTS(6, 0, blk + 2 * ts, dots[2]);
-            HRM_AMX_BLOCK_DOTS(7, 1, blk + 3 * ts, dots[3]);
+            HRM_AMX_TILE_DOTS(6, 0, 2, blk + 2 * ts);
+            HRM_AMX_TILE_DOTS(7, 1, 3, blk + 3 * ts);
         }
         for (int g = 0; g < G; ++g) {
-            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (blk + g * ts + HRM_AMX_ROWS * QK)));
+            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (blk + g * ts + d_at)));
             for (int c = 0; c < NC; ++c) {
                 const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *) (dots[g] + c * 16)));
                 acc[g][c] = _mm512_fmadd_ps(dot, _mm512_mul_ps(wd, _mm512_set1_ps(xd[c * nb + b])), acc[g][c]);
@@ -518,8 +554,12 @@ static inline __attribute__((always_inline)) void hrm_amx_tiles(
 }
 
 // hrm_amx_tiles with literal tile and column counts, so the accumulators stay in registers
-static void hrm_amx_tiles_n(const char * tile, int64_t nb, const int8_t * xs, const float * xd, int g, int nc, float * out, int64_t out_stride) {
-#define HRM_AMX_CASE(G, NC) case NC: hrm_amx_tiles(tile, nb, xs, nb * QK, xd, G, NC, out, out_stride); break
+static void hrm_amx_tiles_n(const char * tile, int64_t nb, const int8_t * xs, const float * xd, int q4, int g, int nc, float * out, int64_t out_stride) {
+#define HRM_AMX_CASE(G, NC) \
+    case NC: \
+        if (q4) { hrm_amx_tiles(tile, nb, xs, nb * QK, xd, 1, G, NC, out, out_stride); } \
+        else { hrm_amx_tiles(tile, nb, xs, nb * QK, xd, 0, G, NC, out, out_stride); } \
+        break
 #define HRM_AMX_CASES(G) HRM_AMX_CASE(G, 1); HRM_AMX_CASE(G, 2); HRM_AMX_CASE(G, 3); HRM_AMX_CASE(G, 4)
     _Static_assert(HRM_AMX_STREAMS == 4 && HRM_AMX_COLS == 8, "the cases below");
     if (g == 4) {
@@ -533,17 +573,18 @@ static void hrm_amx_tiles_n(const char * tile, int64_t nb, const int8_t * xs, co
 #undef HRM_AMX_CASE
 }
 
-// dst [R, N] F32 = userdata (Q8_0 [K, R] in ggml's AMX layout) · src0 (F32 [K, N], contiguous
+// dst [R, N] F32 = userdata (Q8_0 or Q4_0 [K, R] in ggml's AMX layout) · src0 (F32 [K, N], contiguous
 // rows). Threads split the tiles. The weight is not a source of the op: ggml's scheduler gives an
 // op reading an extra buffer type only to a backend whose supports_op for that type accepts it,
 // and the AMX type's accepts nothing but its own MUL_MAT; the weight is allocated and constant
 // for the graph's life. The AMX buffer type exists only where ggml could enable AMX for the
 // process, so its tiles are usable here; the thread's tile configuration (ggml's, set once per
 // thread by its own AMX kernels) is restored before the op returns.
-static void hrm_mul_mat_q8_0_amx_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+static void hrm_mul_mat_amx_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     const struct ggml_tensor * w = userdata;
     const struct ggml_tensor * x = dst->src[0];
     const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK, n_tiles = R / HRM_AMX_ROWS;
+    const int q4 = w->type == GGML_TYPE_Q4_0;
     const int cols = N < HRM_AMX_COLS ? (int) N : HRM_AMX_COLS;
     const int64_t n_pad = (N + cols - 1) / cols * cols;
 
@@ -567,10 +608,10 @@ static void hrm_mul_mat_q8_0_amx_op(struct ggml_tensor * dst, int ith, int nth, 
     const int streams = cols <= HRM_AMX_COLS / 2 ? HRM_AMX_STREAMS : HRM_AMX_STREAMS / 2;  // tiles × columns <= 16 accumulators
     for (int64_t t = t0; t < t1;) {
         const int g = t1 - t >= streams ? streams : 1;
-        const char * tile = (const char *) w->data + t * nb * HRM_AMX_TILE;
+        const char * tile = (const char *) w->data + t * nb * (q4 ? HRM_AMX_Q4_TILE : HRM_AMX_TILE);
         for (int64_t c0 = 0; c0 < N; c0 += cols) {
             const int nc = N - c0 < cols ? (int) (N - c0) : cols;
-            hrm_amx_tiles_n(tile, nb, xs + c0 * nb * QK, xd + c0 * nb, g, nc, (float *) dst->data + c0 * out_stride + t * HRM_AMX_ROWS, out_stride);
+            hrm_amx_tiles_n(tile, nb, xs + c0 * nb * QK, xd + c0 * nb, q4, g, nc, (float *) dst->data + c0 * out_stride + t * HRM_AMX_ROWS, out_stride);
         }
         t += g;
     }
@@ -582,6 +623,291 @@ static void hrm_mul_mat_q8_0_amx_op(struct ggml_tensor * dst, int ith, int nth, 
     free(xq);
     free(xs);
     free(xd);
+}
+
+// ggml's AMX layout for Q4_K [K, R] (pack_B for block_q4_K): R/16 tiles of 16 rows, each the K/256
+// super-blocks of those rows in order, HRM_AMX_Q4_K_TILE bytes per super-block:
+//   qs [8][256] bytes: per 32-quant sub-block s, Q4_0's qs form (chunk j's low nibbles the B
+//      tile's VNNI row 2j, high nibbles row 2j + 1), the quants unsigned 0..15
+//   scales [8][16] u8: sub-block s's 6-bit scale of each row
+//   mins [4][16][2] u8: the 6-bit mins of sub-blocks 2i and 2i + 1 of each row
+//   d, dmin [16] F16: each row's super-block scales
+#define HRM_AMX_Q4_K_TILE (8 * 256 + 8 * 16 + 8 * 16 + 2 * HRM_AMX_ROWS * 2)
+#define HRM_AMX_Q4_K_SCALES (8 * 256)
+#define HRM_AMX_Q4_K_MINS (HRM_AMX_Q4_K_SCALES + 8 * 16)
+#define HRM_AMX_Q4_K_D (HRM_AMX_Q4_K_MINS + 8 * 16)
+#define HRM_AMX_Q4_K_COLS 4  // columns computed together: G × NC <= 8 integer and 8 float accumulators
+
+// ggml-base's reference Q8_K quantization (ggml-quants.h, not among the installed headers), which
+// ggml's AMX matmul quantizes its columns with; ggml's CPU type traits give the vectorized one
+void quantize_row_q8_K_ref(const float * x, struct hrm_q8_K * y, int64_t k);
+
+static int hrm_is_amx_q4_K(const struct ggml_tensor * w) {
+    return w->type == GGML_TYPE_Q4_K && w->buffer != NULL &&
+           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "AMX") == 0 &&
+           w->ne[0] % 256 == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
+}
+
+// Sub-block s (32 quants, 16 rows) of a Q4_K super-block as the B tile, 8 rows × 64 bytes:
+// ggml's unpack_B for the K-quants
+static inline void hrm_amx_unpack_q4_K(const char * blk, int s, int8_t * tile) {
+    const __m512i low = _mm512_set1_epi8(0xF);
+    for (int j = 0; j < 4; ++j) {
+        const __m512i bytes = _mm512_loadu_si512((const void *) (blk + s * 256 + j * 64));
+        _mm512_store_si512((void *) (tile + j * 128), _mm512_and_si512(bytes, low));
+        _mm512_store_si512((void *) (tile + j * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low));
+    }
+}
+
+// G (1 or 2) consecutive tiles × NC columns of Q4_K weights, ggml's one-column AVX512-VNNI kernel's
+// arithmetic (tinygemm_kernel_vnni<block_q8_K, block_q4_K>) for every column: per super-block the
+// exact int32 sum over sub-blocks of scale × (quants · column quants), each sub-block's dot
+// products by TDPBSSD, and the exact int32 sum over sub-blocks of min × (the column's sum of
+// that sub-block's quants); then acc = (float) sum * (d * d_x) + acc and
+// acc = -((float) mins * (dmin * d_x)) + acc, super-block by super-block. xs [col][nb][256] int8
+// at `xs_stride` bytes per column (zero past the last column up to the configured rows); xd [col][nb] the
+// columns' scales; xm [col][nb][4] each pair of sub-blocks' quant sums as two int16 (the lanes
+// ggml's kernel broadcasts).
+static inline __attribute__((always_inline)) void hrm_amx_q4_K_tiles(
+        const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd, const int32_t * xm,
+        const int G, const int NC, float * out, int64_t out_stride) {
+    __m512 acc[2][HRM_AMX_Q4_K_COLS];
+    int32_t dots[2][HRM_AMX_COLS * 16] __attribute__((aligned(64)));
+    int8_t unpacked[2][8 * 64] __attribute__((aligned(64)));
+    const int64_t ts = nb * HRM_AMX_Q4_K_TILE;  // bytes per tile
+    for (int g = 0; g < G; ++g) {
+        for (int c = 0; c < NC; ++c) {
+            acc[g][c] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const char * blk = tile + b * HRM_AMX_Q4_K_TILE;
+        __m512i sum[2][HRM_AMX_Q4_K_COLS];
+        for (int g = 0; g < G; ++g) {
+            for (int c = 0; c < NC; ++c) {
+                sum[g][c] = _mm512_setzero_si512();
+            }
+        }
+        for (int s = 0; s < 8; ++s) {
+            _tile_loadd(4, xs + b * 256 + s * 32, xs_stride);
+            hrm_amx_unpack_q4_K(blk, s, unpacked[0]);
+            HRM_AMX_BLOCK_DOTS(2, 0, unpacked[0], dots[0]);
+            if (G == 2) {
+                hrm_amx_unpack_q4_K(blk + ts, s, unpacked[1]);
+                HRM_AMX_BLOCK_DOTS(3, 1, unpacked[1], dots[1]);
+            }
+            for (int g = 0; g < G; ++g) {
+                const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (blk + g * ts + HRM_AMX_Q4_K_SCALES + s * 16)));
+                for (int c = 0; c < NC; ++c) {
+                    sum[g][c] = _mm512_add_epi32(sum[g][c], _mm512_mullo_epi32(_mm512_load_si512((const void *) (dots[g] + c * 16)), scale));
+                }
+            }
+        }
+        for (int g = 0; g < G; ++g) {
+            const char * bg = blk + g * ts;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_D)));
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_D + HRM_AMX_ROWS * 2)));
+            __m512i mins[4];
+            for (int i = 0; i < 4; ++i) {
+                mins[i] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_MINS + i * 32)));
+            }
+            for (int c = 0; c < NC; ++c) {
+                const __m512 dx = _mm512_set1_ps(xd[c * nb + b]);
+                acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[g][c]), _mm512_mul_ps(d, dx), acc[g][c]);
+                __m512i m = _mm512_setzero_si512();
+                for (int i = 0; i < 4; ++i) {
+                    m = _mm512_dpwssds_epi32(m, _mm512_set1_epi32(xm[(c * nb + b) * 4 + i]), mins[i]);
+                }
+                acc[g][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, dx), acc[g][c]);
+            }
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        for (int c = 0; c < NC; ++c) {
+            _mm512_storeu_ps(out + g * HRM_AMX_ROWS + c * out_stride, acc[g][c]);
+        }
+    }
+}
+
+// ggml's AMX layout for Q6_K [K, R] (pack_B for block_q6_K): R/16 tiles of 16 rows, each the K/256
+// super-blocks of those rows in order, HRM_AMX_Q6_K_TILE bytes per super-block:
+//   ql [16][2][64] bytes: per 16-quant sub-block s, 2 chunks; chunk j's low nibbles are the low 4
+//      bits of the B tile's VNNI row 2j (rows 0..15's 4-byte group 2j), its high nibbles row 2j + 1's
+//   qh [16][64] bytes: sub-block s's high 2 bits, VNNI row r in bits 2r..2r + 1
+//   scales [16][16] int8: sub-block s's scale of each row
+//   d [16] F16: each row's super-block scale
+// A quant is (low | high << 4) - 32.
+#define HRM_AMX_Q6_K_TILE (16 * 128 + 16 * 64 + 16 * 16 + HRM_AMX_ROWS * 2)
+#define HRM_AMX_Q6_K_QH (16 * 128)
+#define HRM_AMX_Q6_K_SCALES (HRM_AMX_Q6_K_QH + 16 * 64)
+#define HRM_AMX_Q6_K_D (HRM_AMX_Q6_K_SCALES + 16 * 16)
+
+static int hrm_is_amx_q6_K(const struct ggml_tensor * w) {
+    return w->type == GGML_TYPE_Q6_K && w->buffer != NULL &&
+           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "AMX") == 0 &&
+           w->ne[0] % 256 == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
+}
+
+// As hrm_amx_configure, for 16-quant sub-blocks: B tiles 0 and 1 of 4 rows × 64 bytes, A tile 4
+// of `cols` rows × 16 int8, C tiles 2 and 3 of `cols` rows × 16 int32.
+static void hrm_amx_q6_K_configure(int cols) {
+    struct hrm_tile_config c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof c);
+    c.palette_id = 1;
+    c.rows[0] = c.rows[1] = 4;
+    c.colsb[0] = c.colsb[1] = 64;
+    c.rows[4] = (uint8_t) cols;
+    c.colsb[4] = 16;
+    c.rows[2] = c.rows[3] = (uint8_t) cols;
+    c.colsb[2] = c.colsb[3] = 64;
+    _tile_loadconfig(&c);
+}
+
+// Sub-block s (16 quants, 16 rows) of a Q6_K super-block as the signed B tile, 4 rows × 64 bytes
+static inline void hrm_amx_unpack_q6_K(const char * blk, int s, int8_t * tile) {
+    const __m512i low = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(3), off = _mm512_set1_epi8(32);
+    const __m512i qh = _mm512_loadu_si512((const void *) (blk + HRM_AMX_Q6_K_QH + s * 64));
+    for (int j = 0; j < 2; ++j) {
+        const __m512i ql = _mm512_loadu_si512((const void *) (blk + s * 128 + j * 64));
+        const __m512i h0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4 * j), three), 4);
+        const __m512i h1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4 * j + 2), three), 4);
+        _mm512_store_si512((void *) (tile + j * 128), _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(ql, low), h0), off));
+        _mm512_store_si512((void *) (tile + j * 128 + 64), _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low), h1), off));
+    }
+}
+
+// G (1 or 2) consecutive tiles × NC columns of Q6_K weights, ggml's one-column AVX512-VNNI
+// kernel's arithmetic (tinygemm_kernel_vnni<block_q8_K, block_q6_K>) for every column: per
+// super-block the exact int32 sum over sub-blocks of scale × (quants · column quants), each
+// sub-block's dot products by TDPBSSD (its u8·s8 sum minus 32 × the column's sum is the same
+// integer), then acc = (float) sum * (d * d_x) + acc. xs, xd as for hrm_amx_q4_K_tiles.
+static inline __attribute__((always_inline)) void hrm_amx_q6_K_tiles(
+        const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd,
+        const int G, const int NC, float * out, int64_t out_stride) {
+    __m512 acc[2][HRM_AMX_Q4_K_COLS];
+    int32_t dots[2][HRM_AMX_COLS * 16] __attribute__((aligned(64)));
+    int8_t unpacked[2][4 * 64] __attribute__((aligned(64)));
+    const int64_t ts = nb * HRM_AMX_Q6_K_TILE;  // bytes per tile
+    for (int g = 0; g < G; ++g) {
+        for (int c = 0; c < NC; ++c) {
+            acc[g][c] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const char * blk = tile + b * HRM_AMX_Q6_K_TILE;
+        __m512i sum[2][HRM_AMX_Q4_K_COLS];
+        for (int g = 0; g < G; ++g) {
+            for (int c = 0; c < NC; ++c) {
+                sum[g][c] = _mm512_setzero_si512();
+            }
+        }
+        for (int s = 0; s < 16; ++s) {
+            _tile_loadd(4, xs + b * 256 + s * 16, xs_stride);
+            hrm_amx_unpack_q6_K(blk, s, unpacked[0]);
+            HRM_AMX_BLOCK_DOTS(2, 0, unpacked[0], dots[0]);
+            if (G == 2) {
+                hrm_amx_unpack_q6_K(blk + ts, s, unpacked[1]);
+                HRM_AMX_BLOCK_DOTS(3, 1, unpacked[1], dots[1]);
+            }
+            for (int g = 0; g < G; ++g) {
+                const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (blk + g * ts + HRM_AMX_Q6_K_SCALES + s * 16)));
+                for (int c = 0; c < NC; ++c) {
+                    sum[g][c] = _mm512_add_epi32(sum[g][c], _mm512_mullo_epi32(_mm512_load_si512((const void *) (dots[g] + c * 16)), scale));
+                }
+            }
+        }
+        for (int g = 0; g < G; ++g) {
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (blk + g * ts + HRM_AMX_Q6_K_D)));
+            for (int c = 0; c < NC; ++c) {
+                acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[g][c]), _mm512_mul_ps(d, _mm512_set1_ps(xd[c * nb + b])), acc[g][c]);
+            }
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        for (int c = 0; c < NC; ++c) {
+            _mm512_storeu_ps(out + g * HRM_AMX_ROWS + c * out_stride, acc[g][c]);
+        }
+    }
+}
+
+// hrm_amx_q4_K_tiles (q6 = 0) or hrm_amx_q6_K_tiles (q6 = 1) with literal tile and column counts
+static void hrm_amx_k_tiles_n(const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd, const int32_t * xm,
+                              int q6, int g, int nc, float * out, int64_t out_stride) {
+#define HRM_AMX_Q4_K_CASE(G, NC) \
+    case NC: \
+        if (q6) { hrm_amx_q6_K_tiles(tile, nb, xs, xs_stride, xd, G, NC, out, out_stride); } \
+        else { hrm_amx_q4_K_tiles(tile, nb, xs, xs_stride, xd, xm, G, NC, out, out_stride); } \
+        break
+    _Static_assert(HRM_AMX_Q4_K_COLS == 4, "the cases below");
+    if (g == 2) {
+        switch (nc) { HRM_AMX_Q4_K_CASE(2, 1); HRM_AMX_Q4_K_CASE(2, 2); HRM_AMX_Q4_K_CASE(2, 3); HRM_AMX_Q4_K_CASE(2, 4); }
+    } else {
+        switch (nc) { HRM_AMX_Q4_K_CASE(1, 1); HRM_AMX_Q4_K_CASE(1, 2); HRM_AMX_Q4_K_CASE(1, 3); HRM_AMX_Q4_K_CASE(1, 4); }
+    }
+#undef HRM_AMX_Q4_K_CASE
+}
+
+// dst [R, N] F32 = userdata (Q4_K or Q6_K [K, R] in ggml's AMX layout) · src0 (F32 [K, N],
+// contiguous rows), as hrm_mul_mat_amx_op (threads split the tiles; the weight is userdata; the
+// thread's tile configuration is restored). The columns are quantized as ggml's AMX matmul
+// quantizes them (quantize_row_q8_K_ref).
+static void hrm_mul_mat_k_amx_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const struct ggml_tensor * w = userdata;
+    const struct ggml_tensor * x = dst->src[0];
+    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / 256, n_tiles = R / HRM_AMX_ROWS;
+    const int q6 = w->type == GGML_TYPE_Q6_K;
+    const int64_t tile_bytes = q6 ? HRM_AMX_Q6_K_TILE : HRM_AMX_Q4_K_TILE;
+    const int cols = N < HRM_AMX_Q4_K_COLS ? (int) N : HRM_AMX_Q4_K_COLS;
+    const int64_t n_pad = (N + cols - 1) / cols * cols;
+
+    struct hrm_q8_K * xq = malloc(sizeof(struct hrm_q8_K) * (size_t) (nb * N));
+    int8_t * xs = calloc((size_t) (n_pad * nb * 256), 1);
+    float * xd = malloc(sizeof(float) * (size_t) (nb * N));
+    int32_t * xm = malloc(sizeof(int32_t) * 4 * (size_t) (nb * N));
+    if (xq == NULL || xs == NULL || xd == NULL || xm == NULL) {
+        GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
+    }
+    for (int64_t c = 0; c < N; ++c) {
+        quantize_row_q8_K_ref((const float *) ((const char *) x->data + c * x->nb[1]), xq + c * nb, K);
+    }
+    for (int64_t b = 0; b < N * nb; ++b) {
+        memcpy(xs + b * 256, xq[b].qs, 256);
+        xd[b] = xq[b].d;
+        for (int i = 0; i < 4; ++i) {  // sub-blocks 2i and 2i + 1: their 16-quant sums in pairs (int16, wrapping as _mm_hadd_epi16)
+            const uint16_t lo = (uint16_t) (xq[b].bsums[4 * i] + xq[b].bsums[4 * i + 1]);
+            const uint16_t hi = (uint16_t) (xq[b].bsums[4 * i + 2] + xq[b].bsums[4 * i + 3]);
+            xm[b * 4 + i] = (int32_t) ((uint32_t) lo | (uint32_t) hi << 16);
+        }
+    }
+
+    struct hrm_tile_config saved __attribute__((aligned(64)));
+    _tile_storeconfig(&saved);
+    if (q6) {
+        hrm_amx_q6_K_configure(cols);
+    } else {
+        hrm_amx_configure(cols);
+    }
+    const int64_t out_stride = (int64_t) (dst->nb[1] / sizeof(float));
+    const int64_t t0 = n_tiles * ith / nth, t1 = n_tiles * (ith + 1) / nth;
+    for (int64_t t = t0; t < t1;) {
+        const int g = t1 - t >= 2 ? 2 : 1;
+        const char * tile = (const char *) w->data + t * nb * tile_bytes;
+        for (int64_t c0 = 0; c0 < N; c0 += cols) {
+            const int nc = N - c0 < cols ? (int) (N - c0) : cols;
+            hrm_amx_k_tiles_n(tile, nb, xs + c0 * nb * 256, nb * 256, xd + c0 * nb, xm + c0 * nb * 4, q6, g, nc,
+                              (float *) dst->data + c0 * out_stride + t * HRM_AMX_ROWS, out_stride);
+        }
+        t += g;
+    }
+    if (saved.palette_id == 0) {
+        _tile_release();
+    } else {
+        _tile_loadconfig(&saved);
+    }
+    free(xq);
+    free(xs);
+    free(xd);
+    free(xm);
 }
 
 #if defined(__AMX_BF16__) && !defined(HRM_NO_AMX_BF16)
@@ -737,10 +1063,15 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
         return 0;
     }
 #ifdef HRM_AMX_LAYOUT
-    if (hrm_is_amx_q8_0(w)) {
+    if (hrm_is_amx_q8_0_q4_0(w)) {
         // one column: ggml's own kernel on this layout is this arithmetic, and was faster than this
         // kernel's AVX512-VNNI form (the load-time timing on the Xeon, 512 MiB of weights: 26.3
         // against 27.2 ms); it reads 4 tiles at a time as this one now does
+        return x->ne[1] >= 2;
+    }
+    if (hrm_is_amx_q4_K(w) || hrm_is_amx_q6_K(w)) {
+        // one column: ggml's own kernel (this arithmetic) was faster: engine, batch 1, q4_k, on
+        // the Xeon: 4.57 against 3.88 tok/s
         return x->ne[1] >= 2;
     }
 #endif
@@ -775,8 +1106,11 @@ int hrm_invariant_decode_needs_extension(const struct ggml_tensor * w) {
 struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x) {
     struct ggml_tensor * args[2] = { w, x };
 #ifdef HRM_AMX_LAYOUT
-    if (hrm_is_amx_q8_0(w)) {
-        return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_q8_0_amx_op, GGML_N_TASKS_MAX, w);
+    if (hrm_is_amx_q8_0_q4_0(w)) {
+        return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_amx_op, GGML_N_TASKS_MAX, w);
+    }
+    if (hrm_is_amx_q4_K(w) || hrm_is_amx_q6_K(w)) {
+        return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_k_amx_op, GGML_N_TASKS_MAX, w);
     }
 #endif
 #ifdef HRM_AMX_BF16

@@ -326,16 +326,26 @@ fn bf16_decode_matmul_matches_f32_weights() {
 
 /// The extension's Q8_0 decode matmul (ggml-ext/hrm_matmul.c) runs each dot product as ggml's
 /// one-row vec_dot does, so decode with it equals decode with ggml's reference (one-row)
-/// kernels bit for bit, alone and batched; on a CPU whose ggml puts Q8_0 in AMX tiles, it reads
-/// that layout with the arithmetic of ggml's one-column kernel for it, which again must equal
-/// ggml's matmul on the same weights at every batch size (the log line names the placement),
-/// and a prefill after those decodes is unchanged by them. (Builds without AVX2 use
-/// ggml_mul_mat for both.)
+/// kernels bit for bit, alone and batched; on a CPU whose ggml puts Q8_0 or Q4_0 in AMX tiles,
+/// it reads that layout with the arithmetic of ggml's one-column kernel for it, which again
+/// must equal ggml's matmul on the same weights at every batch size (the log line names the
+/// placement), and a prefill after those decodes is unchanged by them; so for Q4_K in AMX tiles
+/// (the 256-wide checkpoint), whose kernel runs for one column too. (Builds without AVX2 use
+/// ggml_mul_mat for both; Q4_0 and Q4_K elsewhere than in AMX tiles are ggml's in both runs,
+/// but for repacked Q4_K, which `batched_decode_equals_single_stream_bit_for_bit` covers.)
 #[test]
 fn decode_matmul_equals_ggml_one_row_kernels() {
+    let wide = tempfile::tempdir().unwrap();
+    wide_checkpoint(wide.path());
+    for (checkpoint, ty) in [(ckpt("tiny-packed"), OutType::Q8_0), (ckpt("tiny-packed"), OutType::Q4_0), (wide.path().to_path_buf(), OutType::Q4K)] {
+        decode_matmul_equals_ggml_one_row_kernels_for(&checkpoint, ty);
+    }
+}
+
+fn decode_matmul_equals_ggml_one_row_kernels_for(checkpoint: &std::path::Path, ty: OutType) {
     let dir = tempfile::tempdir().unwrap();
     let gguf = dir.path().join("m.gguf");
-    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    convert_to(checkpoint, &gguf, ty);
     let run = |ggml: bool, extra_buffers: bool| -> Vec<Vec<u32>> {
         let opts = EngineOptions { threads: 2, n_ctx: 256, n_stream: 7, kv_type: KvType::F16, batch_invariant: true, decode_matmul: forced(!ggml), extra_buffers, ..Default::default() };
         let mut e = Engine::load(&gguf, &opts).unwrap();
@@ -364,7 +374,7 @@ fn decode_matmul_equals_ggml_one_row_kernels() {
     // the weights where ggml's supports_op puts them (AMX tiles on a Xeon with AMX-INT8: the
     // extension's AMX-layout kernel), and all in plain memory (its plain-layout kernel)
     for extra_buffers in [true, false] {
-        assert!(run(false, extra_buffers) == run(true, extra_buffers), "decode logits differ between the extension's Q8_0 matmul and ggml's one-row kernels (extra buffer types: {extra_buffers})");
+        assert!(run(false, extra_buffers) == run(true, extra_buffers), "decode logits differ between the extension's {ty:?} matmul and ggml's one-row kernels (extra buffer types: {extra_buffers})");
     }
 }
 
