@@ -147,9 +147,9 @@ struct ggml_tensor * hrm_prefill_attention(struct ggml_context * ctx, struct ggm
 
 // Decode matmul on the CPU (hrm_matmul.c): W ([K, R]) · x (F32 [K, N], rows contiguous)
 // → F32 [R, N]; each column's result does not depend on N. Q8_0 (N >= 2): every dot product as
-// ggml's AVX2 vec_dot computes it. Q8_0, Q4_0, Q4_K and Q6_K in ggml's AMX buffer type
-// (AMX-INT8 builds, N >= 2): every column as ggml's one-column kernel for that layout computes
-// it. BF16 (any N): weights widened to
+// ggml's AVX2 vec_dot computes it. Q8_0 and Q4_0 (N >= 2), Q4_K and Q6_K (any N) in ggml's AMX
+// buffer type (AMX-INT8 builds): every column as ggml's one-column kernel for that layout
+// computes it. BF16 (any N): weights widened to
 // F32, activations unrounded. Q4_K in ggml's repacked layout (its CPU_REPACK buffer type, N >= 2):
 // every column as ggml's 1-column GEMV for that layout computes it. Weights in other extra
 // buffer types are not supported.

@@ -847,6 +847,99 @@ static void hrm_amx_k_tiles_n(const char * tile, int64_t nb, const int8_t * xs, 
 #undef HRM_AMX_Q4_K_CASE
 }
 
+// One column (xq, nb Q8_K blocks; xm as for hrm_amx_q4_K_tiles) · G (1 to 4) consecutive tiles of
+// Q4_K (Q6 = 0) or Q6_K (Q6 = 1) weights in ggml's AMX layout by AVX512-VNNI, each row's
+// arithmetic that of ggml's one-column kernel (and so of hrm_amx_q4_K_tiles and
+// hrm_amx_q6_K_tiles): the same exact int32 sums, the same float operations in the same order.
+// ggml's kernel moves each 4-byte group of the column into place with a permute per tile; here it
+// is one broadcast from memory for G tiles.
+static inline __attribute__((always_inline)) void hrm_vnni_k_tiles(
+        const char * tile, int64_t nb, const struct hrm_q8_K * xq, const int32_t * xm, const int Q6, const int G, float * out) {
+    const int64_t tb = Q6 ? HRM_AMX_Q6_K_TILE : HRM_AMX_Q4_K_TILE, ts = nb * tb;
+    const __m512i low = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(3);
+    __m512 acc[4];
+    for (int g = 0; g < G; ++g) {
+        acc[g] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const char * blk = tile + b * tb;
+        const int32_t * a = (const int32_t *) xq[b].qs;
+        __m512i sum[4];
+        for (int g = 0; g < G; ++g) {
+            sum[g] = _mm512_setzero_si512();
+        }
+        for (int s = 0; s < (Q6 ? 16 : 8); ++s) {
+            __m512i dot[4];
+            for (int g = 0; g < G; ++g) {
+                dot[g] = _mm512_setzero_si512();
+            }
+            if (Q6) {
+                // 16-quant sub-block s: ql chunks j = 0, 1 (low nibbles: VNNI row 2j, high: 2j + 1)
+                // and qh, quants unsigned (low | high << 4); minus 32 × the column's sum below
+                for (int j = 0; j < 2; ++j) {
+                    const __m512i a0 = _mm512_set1_epi32(a[s * 4 + 2 * j]), a1 = _mm512_set1_epi32(a[s * 4 + 2 * j + 1]);
+                    for (int g = 0; g < G; ++g) {
+                        const char * bg = blk + g * ts;
+                        const __m512i ql = _mm512_loadu_si512((const void *) (bg + s * 128 + j * 64));
+                        const __m512i qh = _mm512_loadu_si512((const void *) (bg + HRM_AMX_Q6_K_QH + s * 64));
+                        const __m512i h0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4 * j), three), 4);
+                        const __m512i h1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4 * j + 2), three), 4);
+                        dot[g] = _mm512_dpbusd_epi32(dot[g], _mm512_or_si512(_mm512_and_si512(ql, low), h0), a0);
+                        dot[g] = _mm512_dpbusd_epi32(dot[g], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low), h1), a1);
+                    }
+                }
+                const __m512i comp = _mm512_set1_epi32(32 * (int32_t) xq[b].bsums[s]);
+                for (int g = 0; g < G; ++g) {
+                    dot[g] = _mm512_sub_epi32(dot[g], comp);
+                }
+            } else {
+                // 32-quant sub-block s: chunks j = 0..3 (low nibbles: VNNI row 2j, high: 2j + 1)
+                for (int j = 0; j < 4; ++j) {
+                    const __m512i a0 = _mm512_set1_epi32(a[s * 8 + 2 * j]), a1 = _mm512_set1_epi32(a[s * 8 + 2 * j + 1]);
+                    for (int g = 0; g < G; ++g) {
+                        const __m512i bytes = _mm512_loadu_si512((const void *) (blk + g * ts + s * 256 + j * 64));
+                        dot[g] = _mm512_dpbusd_epi32(dot[g], _mm512_and_si512(bytes, low), a0);
+                        dot[g] = _mm512_dpbusd_epi32(dot[g], _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low), a1);
+                    }
+                }
+            }
+            for (int g = 0; g < G; ++g) {
+                const int64_t at = Q6 ? HRM_AMX_Q6_K_SCALES + s * 16 : HRM_AMX_Q4_K_SCALES + s * 16;
+                const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (blk + g * ts + at)));
+                sum[g] = _mm512_add_epi32(sum[g], _mm512_mullo_epi32(dot[g], scale));
+            }
+        }
+        const __m512 dx = _mm512_set1_ps(xq[b].d);
+        for (int g = 0; g < G; ++g) {
+            const char * bg = blk + g * ts;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (bg + (Q6 ? HRM_AMX_Q6_K_D : HRM_AMX_Q4_K_D))));
+            acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[g]), _mm512_mul_ps(d, dx), acc[g]);
+            if (!Q6) {
+                const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_D + HRM_AMX_ROWS * 2)));
+                __m512i m = _mm512_setzero_si512();
+                for (int i = 0; i < 4; ++i) {
+                    const __m512i mins = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_MINS + i * 32)));
+                    m = _mm512_dpwssds_epi32(m, _mm512_set1_epi32(xm[b * 4 + i]), mins);
+                }
+                acc[g] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, dx), acc[g]);
+            }
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        _mm512_storeu_ps(out + g * HRM_AMX_ROWS, acc[g]);
+    }
+}
+
+static void hrm_vnni_k_tiles_n(const char * tile, int64_t nb, const struct hrm_q8_K * xq, const int32_t * xm, int q6, int g, float * out) {
+#define HRM_VNNI_K_CASE(G) \
+    case G: \
+        if (q6) { hrm_vnni_k_tiles(tile, nb, xq, xm, 1, G, out); } \
+        else { hrm_vnni_k_tiles(tile, nb, xq, xm, 0, G, out); } \
+        break
+    switch (g) { HRM_VNNI_K_CASE(1); HRM_VNNI_K_CASE(2); HRM_VNNI_K_CASE(3); HRM_VNNI_K_CASE(4); }
+#undef HRM_VNNI_K_CASE
+}
+
 // dst [R, N] F32 = userdata (Q4_K or Q6_K [K, R] in ggml's AMX layout) · src0 (F32 [K, N],
 // contiguous rows), as hrm_mul_mat_amx_op (threads split the tiles; the weight is userdata; the
 // thread's tile configuration is restored). The columns are quantized as ggml's AMX matmul
@@ -880,6 +973,20 @@ static void hrm_mul_mat_k_amx_op(struct ggml_tensor * dst, int ith, int nth, voi
         }
     }
 
+    const int64_t t0 = n_tiles * ith / nth, t1 = n_tiles * (ith + 1) / nth;
+    if (N == 1) {
+        for (int64_t t = t0; t < t1;) {
+            const int g = t1 - t >= 4 ? 4 : (int) (t1 - t);
+            hrm_vnni_k_tiles_n((const char *) w->data + t * nb * tile_bytes, nb, xq, xm, q6, g, (float *) dst->data + t * HRM_AMX_ROWS);
+            t += g;
+        }
+        free(xq);
+        free(xs);
+        free(xd);
+        free(xm);
+        return;
+    }
+
     struct hrm_tile_config saved __attribute__((aligned(64)));
     _tile_storeconfig(&saved);
     if (q6) {
@@ -888,7 +995,6 @@ static void hrm_mul_mat_k_amx_op(struct ggml_tensor * dst, int ith, int nth, voi
         hrm_amx_configure(cols);
     }
     const int64_t out_stride = (int64_t) (dst->nb[1] / sizeof(float));
-    const int64_t t0 = n_tiles * ith / nth, t1 = n_tiles * (ith + 1) / nth;
     for (int64_t t = t0; t < t1;) {
         const int g = t1 - t >= 2 ? 2 : 1;
         const char * tile = (const char *) w->data + t * nb * tile_bytes;
@@ -1070,9 +1176,7 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
         return x->ne[1] >= 2;
     }
     if (hrm_is_amx_q4_K(w) || hrm_is_amx_q6_K(w)) {
-        // one column: ggml's own kernel (this arithmetic) was faster: engine, batch 1, q4_k, on
-        // the Xeon: 4.57 against 3.88 tok/s
-        return x->ne[1] >= 2;
+        return 1;  // one column by AVX512-VNNI (hrm_vnni_k_tiles), more by AMX tiles
     }
 #endif
     if (hrm_is_repacked_q4_K(w)) {
