@@ -64,6 +64,9 @@ pub struct Decision {
 #[derive(Debug, Clone)]
 pub struct Switch {
     pub on: bool,
+    /// Whether the choice was timed on this machine (or read from the timing cache), rather than
+    /// fixed by the engine's shape.
+    pub timed: bool,
     pub why: String,
 }
 
@@ -73,9 +76,9 @@ pub struct Switch {
 /// batched engine of several streams, which times the two sets.
 pub fn reference_kernels_by_shape(invariant: bool, n_stream: usize) -> Option<Switch> {
     if invariant {
-        Some(Switch { on: true, why: "a batch-invariant engine".into() })
+        Some(Switch { on: true, timed: false, why: "a batch-invariant engine".into() })
     } else if n_stream < 2 {
-        Some(Switch { on: false, why: "one stream".into() })
+        Some(Switch { on: false, timed: false, why: "one stream".into() })
     } else {
         None
     }
@@ -111,7 +114,7 @@ impl std::fmt::Display for KernelPlan {
             name(&self.prefill_attention, "frigg's", "ggml's flash attention"),
             self.prefill_attention.why
         )?;
-        if self.reference_kernels.why.starts_with("measured") {
+        if self.reference_kernels.timed {
             write!(f, "; decode kernel set: ggml's {} ({})", if self.reference_kernels.on { "reference" } else { "fast" }, self.reference_kernels.why)?;
         }
         if !self.matmul_in_layouts.is_empty() {
@@ -243,7 +246,7 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
             Some(total)
         });
         input.backend.set_reference_kernels(false);
-        Switch { on: prefer_extension(t.ext, t.ggml), why: format!("measured{}: reference {} vs fast {}", if t.cached { " (cached)" } else { "" }, ms(t.ext), ms(t.ggml)) }
+        Switch { on: prefer_extension(t.ext, t.ggml), timed: true, why: format!("measured{}: reference {} vs fast {}", if t.cached { " (cached)" } else { "" }, ms(t.ext), ms(t.ggml)) }
     });
     let timing_s = if cache.dirty { t0.elapsed().as_secs_f64() } else { 0.0 };
     cache.save();
