@@ -425,7 +425,8 @@ static void hrm_mul_mat_q4_K_repacked_op(struct ggml_tensor * dst, int ith, int 
     free(xq);
 }
 
-#if defined(__AVX512F__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// (ggml builds its AMX buffer type only with AMX-INT8 and AVX512-VNNI; the K-quant kernels use both)
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define HRM_AMX_LAYOUT 1
 
 // ggml's AMX layout for Q8_0 [K, R] (ggml-cpu/amx/mmq.cpp, pack_B; ggml pinned by Cargo.toml,
