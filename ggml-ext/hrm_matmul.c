@@ -452,34 +452,49 @@ static void hrm_mul_mat_q4_K_repacked_op(struct ggml_tensor * dst, int ith, int 
 #define HRM_AMX_STREAMS 4
 #define HRM_AMX_COLS 8  // columns computed together: rows of the A and C tiles
 
+// Whether w lies in ggml's AMX buffer type, rows of whole `block`-wide blocks in whole tiles
+static int hrm_in_amx_layout(const struct ggml_tensor * w, int64_t block) {
+    return w->buffer != NULL && strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "AMX") == 0 &&
+           w->ne[0] % block == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
+}
+
 // Q8_0 or Q4_0 weights in ggml's AMX layout (their blocks share QK, the column quantization and
 // the one-column kernel's arithmetic; only the tile bytes differ)
 static int hrm_is_amx_q8_0_q4_0(const struct ggml_tensor * w) {
-    return (w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q4_0) && w->buffer != NULL &&
-           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "AMX") == 0 &&
-           w->ne[0] % QK == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
+    return (w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q4_0) && hrm_in_amx_layout(w, QK);
 }
 
-// The AMX tile configuration (palette 1): tiles 0 and 1 hold a block's weights (B: 8 rows × 64
-// bytes, as the layout stores them), 4 the columns' quants at that block (A: `cols` rows × 32
-// int8), 2, 3, 6 and 7 the dot products of up to four tiles' blocks (C: `cols` rows × 16 int32).
+// The AMX tile configuration (palette 1) for `k` quants per tile multiply (32: a Q8_0/Q4_0 block
+// or Q4_K sub-block; 16: a Q6_K sub-block): tiles 0 and 1 hold a block's weights (B: k/4 rows ×
+// 64 bytes, VNNI form), 4 the columns' quants at that block (A: `cols` rows × k int8), 2, 3, 6
+// and 7 the dot products of up to four tiles' blocks (C: `cols` rows × 16 int32).
 struct hrm_tile_config {
     uint8_t palette_id, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 };
 
-static void hrm_amx_configure(int cols) {
+static void hrm_amx_configure(int cols, int k) {
     struct hrm_tile_config c __attribute__((aligned(64)));
     memset(&c, 0, sizeof c);
     c.palette_id = 1;
-    c.rows[0] = c.rows[1] = 8;
+    c.rows[0] = c.rows[1] = (uint8_t) (k / 4);
     c.colsb[0] = c.colsb[1] = 64;
     c.rows[4] = (uint8_t) cols;
-    c.colsb[4] = QK;
+    c.colsb[4] = (uint16_t) k;
     c.rows[2] = c.rows[3] = c.rows[6] = c.rows[7] = (uint8_t) cols;
     c.colsb[2] = c.colsb[3] = c.colsb[6] = c.colsb[7] = 64;
     _tile_loadconfig(&c);
+}
+
+// Puts back a thread's tile configuration saved by _tile_storeconfig; a thread that had none goes
+// back to AMX's initial state
+static void hrm_amx_restore(const struct hrm_tile_config * saved) {
+    if (saved->palette_id == 0) {
+        _tile_release();
+    } else {
+        _tile_loadconfig(saved);
+    }
 }
 
 // dots [col][row] int32 = A (tile 4) · the block at `blk`, through B tile `b` and C tile `c`
@@ -603,7 +618,7 @@ static void hrm_mul_mat_amx_op(struct ggml_tensor * dst, int ith, int nth, void 
 
     struct hrm_tile_config saved __attribute__((aligned(64)));
     _tile_storeconfig(&saved);
-    hrm_amx_configure(cols);
+    hrm_amx_configure(cols, QK);
     const int64_t out_stride = (int64_t) (dst->nb[1] / sizeof(float));
     const int64_t t0 = n_tiles * ith / nth, t1 = n_tiles * (ith + 1) / nth;
     const int streams = cols <= HRM_AMX_COLS / 2 ? HRM_AMX_STREAMS : HRM_AMX_STREAMS / 2;  // tiles × columns <= 16 accumulators
@@ -616,11 +631,7 @@ static void hrm_mul_mat_amx_op(struct ggml_tensor * dst, int ith, int nth, void 
         }
         t += g;
     }
-    if (saved.palette_id == 0) {
-        _tile_release();  // the thread had no configuration: back to AMX's initial state
-    } else {
-        _tile_loadconfig(&saved);
-    }
+    hrm_amx_restore(&saved);
     free(xq);
     free(xs);
     free(xd);
@@ -643,12 +654,6 @@ static void hrm_mul_mat_amx_op(struct ggml_tensor * dst, int ith, int nth, void 
 // ggml's AMX matmul quantizes its columns with; ggml's CPU type traits give the vectorized one
 void quantize_row_q8_K_ref(const float * x, struct hrm_q8_K * y, int64_t k);
 
-static int hrm_is_amx_q4_K(const struct ggml_tensor * w) {
-    return w->type == GGML_TYPE_Q4_K && w->buffer != NULL &&
-           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "AMX") == 0 &&
-           w->ne[0] % 256 == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
-}
-
 // Sub-block s (32 quants, 16 rows) of a Q4_K super-block as the B tile, 8 rows × 64 bytes:
 // ggml's unpack_B for the K-quants
 static inline void hrm_amx_unpack_q4_K(const char * blk, int s, int8_t * tile) {
@@ -657,76 +662,6 @@ static inline void hrm_amx_unpack_q4_K(const char * blk, int s, int8_t * tile) {
         const __m512i bytes = _mm512_loadu_si512((const void *) (blk + s * 256 + j * 64));
         _mm512_store_si512((void *) (tile + j * 128), _mm512_and_si512(bytes, low));
         _mm512_store_si512((void *) (tile + j * 128 + 64), _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low));
-    }
-}
-
-// G (1 or 2) consecutive tiles × NC columns of Q4_K weights, ggml's one-column AVX512-VNNI kernel's
-// arithmetic (tinygemm_kernel_vnni<block_q8_K, block_q4_K>) for every column: per super-block the
-// exact int32 sum over sub-blocks of scale × (quants · column quants), each sub-block's dot
-// products by TDPBSSD, and the exact int32 sum over sub-blocks of min × (the column's sum of
-// that sub-block's quants); then acc = (float) sum * (d * d_x) + acc and
-// acc = -((float) mins * (dmin * d_x)) + acc, super-block by super-block. xs [col][nb][256] int8
-// at `xs_stride` bytes per column (zero past the last column up to the configured rows); xd [col][nb] the
-// columns' scales; xm [col][nb][4] each pair of sub-blocks' quant sums as two int16 (the lanes
-// ggml's kernel broadcasts).
-static inline __attribute__((always_inline)) void hrm_amx_q4_K_tiles(
-        const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd, const int32_t * xm,
-        const int G, const int NC, float * out, int64_t out_stride) {
-    __m512 acc[2][HRM_AMX_Q4_K_COLS];
-    int32_t dots[2][HRM_AMX_COLS * 16] __attribute__((aligned(64)));
-    int8_t unpacked[2][8 * 64] __attribute__((aligned(64)));
-    const int64_t ts = nb * HRM_AMX_Q4_K_TILE;  // bytes per tile
-    for (int g = 0; g < G; ++g) {
-        for (int c = 0; c < NC; ++c) {
-            acc[g][c] = _mm512_setzero_ps();
-        }
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-        const char * blk = tile + b * HRM_AMX_Q4_K_TILE;
-        __m512i sum[2][HRM_AMX_Q4_K_COLS];
-        for (int g = 0; g < G; ++g) {
-            for (int c = 0; c < NC; ++c) {
-                sum[g][c] = _mm512_setzero_si512();
-            }
-        }
-        for (int s = 0; s < 8; ++s) {
-            _tile_loadd(4, xs + b * 256 + s * 32, xs_stride);
-            hrm_amx_unpack_q4_K(blk, s, unpacked[0]);
-            HRM_AMX_BLOCK_DOTS(2, 0, unpacked[0], dots[0]);
-            if (G == 2) {
-                hrm_amx_unpack_q4_K(blk + ts, s, unpacked[1]);
-                HRM_AMX_BLOCK_DOTS(3, 1, unpacked[1], dots[1]);
-            }
-            for (int g = 0; g < G; ++g) {
-                const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (blk + g * ts + HRM_AMX_Q4_K_SCALES + s * 16)));
-                for (int c = 0; c < NC; ++c) {
-                    sum[g][c] = _mm512_add_epi32(sum[g][c], _mm512_mullo_epi32(_mm512_load_si512((const void *) (dots[g] + c * 16)), scale));
-                }
-            }
-        }
-        for (int g = 0; g < G; ++g) {
-            const char * bg = blk + g * ts;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_D)));
-            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_D + HRM_AMX_ROWS * 2)));
-            __m512i mins[4];
-            for (int i = 0; i < 4; ++i) {
-                mins[i] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_MINS + i * 32)));
-            }
-            for (int c = 0; c < NC; ++c) {
-                const __m512 dx = _mm512_set1_ps(xd[c * nb + b]);
-                acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[g][c]), _mm512_mul_ps(d, dx), acc[g][c]);
-                __m512i m = _mm512_setzero_si512();
-                for (int i = 0; i < 4; ++i) {
-                    m = _mm512_dpwssds_epi32(m, _mm512_set1_epi32(xm[(c * nb + b) * 4 + i]), mins[i]);
-                }
-                acc[g][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, dx), acc[g][c]);
-            }
-        }
-    }
-    for (int g = 0; g < G; ++g) {
-        for (int c = 0; c < NC; ++c) {
-            _mm512_storeu_ps(out + g * HRM_AMX_ROWS + c * out_stride, acc[g][c]);
-        }
     }
 }
 
@@ -743,25 +678,9 @@ static inline __attribute__((always_inline)) void hrm_amx_q4_K_tiles(
 #define HRM_AMX_Q6_K_SCALES (HRM_AMX_Q6_K_QH + 16 * 64)
 #define HRM_AMX_Q6_K_D (HRM_AMX_Q6_K_SCALES + 16 * 16)
 
-static int hrm_is_amx_q6_K(const struct ggml_tensor * w) {
-    return w->type == GGML_TYPE_Q6_K && w->buffer != NULL &&
-           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "AMX") == 0 &&
-           w->ne[0] % 256 == 0 && w->ne[1] % HRM_AMX_ROWS == 0 && ggml_nrows(w) == w->ne[1];
-}
-
-// As hrm_amx_configure, for 16-quant sub-blocks: B tiles 0 and 1 of 4 rows × 64 bytes, A tile 4
-// of `cols` rows × 16 int8, C tiles 2 and 3 of `cols` rows × 16 int32.
-static void hrm_amx_q6_K_configure(int cols) {
-    struct hrm_tile_config c __attribute__((aligned(64)));
-    memset(&c, 0, sizeof c);
-    c.palette_id = 1;
-    c.rows[0] = c.rows[1] = 4;
-    c.colsb[0] = c.colsb[1] = 64;
-    c.rows[4] = (uint8_t) cols;
-    c.colsb[4] = 16;
-    c.rows[2] = c.rows[3] = (uint8_t) cols;
-    c.colsb[2] = c.colsb[3] = 64;
-    _tile_loadconfig(&c);
+// Q4_K or Q6_K weights in ggml's AMX layout (super-blocks of 256, Q8_K columns)
+static int hrm_is_amx_k_quant(const struct ggml_tensor * w) {
+    return (w->type == GGML_TYPE_Q4_K || w->type == GGML_TYPE_Q6_K) && hrm_in_amx_layout(w, 256);
 }
 
 // Sub-block s (16 quants, 16 rows) of a Q6_K super-block as the signed B tile, 4 rows × 64 bytes
@@ -777,50 +696,78 @@ static inline void hrm_amx_unpack_q6_K(const char * blk, int s, int8_t * tile) {
     }
 }
 
-// G (1 or 2) consecutive tiles × NC columns of Q6_K weights, ggml's one-column AVX512-VNNI
-// kernel's arithmetic (tinygemm_kernel_vnni<block_q8_K, block_q6_K>) for every column: per
-// super-block the exact int32 sum over sub-blocks of scale × (quants · column quants), each
-// sub-block's dot products by TDPBSSD (its u8·s8 sum minus 32 × the column's sum is the same
-// integer), then acc = (float) sum * (d * d_x) + acc. xs, xd as for hrm_amx_q4_K_tiles.
-static inline __attribute__((always_inline)) void hrm_amx_q6_K_tiles(
-        const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd,
-        const int G, const int NC, float * out, int64_t out_stride) {
+// G (1 or 2) consecutive tiles × NC columns of Q4_K (Q6 = 0) or Q6_K (Q6 = 1) weights, ggml's
+// one-column AVX512-VNNI kernel's arithmetic (tinygemm_kernel_vnni<block_q8_K, block_q4_K> and
+// <.., block_q6_K>) for every column: per super-block the exact int32 sum over sub-blocks (8 of
+// 32 quants, or 16 of 16) of scale × (quants · column quants), each sub-block's dot products by
+// TDPBSSD (for Q6_K, ggml's u8·s8 sum minus 32 × the column's sum is the same integer), and for
+// Q4_K the exact int32 sum over sub-blocks of min × (the column's sum of that sub-block's
+// quants); then acc = (float) sum * (d * d_x) + acc and, for Q4_K,
+// acc = -((float) mins * (dmin * d_x)) + acc, super-block by super-block. xs [col][nb][256] int8
+// at `xs_stride` bytes per column (zero past the last column up to the configured rows); xd
+// [col][nb] the columns' scales; xm [col][nb][4] each pair of sub-blocks' quant sums as two int16
+// (the lanes ggml's Q4_K kernel broadcasts).
+static inline __attribute__((always_inline)) void hrm_amx_k_tiles(
+        const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd, const int32_t * xm,
+        const int Q6, const int G, const int NC, float * out, int64_t out_stride) {
     __m512 acc[2][HRM_AMX_Q4_K_COLS];
     int32_t dots[2][HRM_AMX_COLS * 16] __attribute__((aligned(64)));
-    int8_t unpacked[2][4 * 64] __attribute__((aligned(64)));
-    const int64_t ts = nb * HRM_AMX_Q6_K_TILE;  // bytes per tile
+    int8_t unpacked[2][8 * 64] __attribute__((aligned(64)));
+    const int64_t tb = Q6 ? HRM_AMX_Q6_K_TILE : HRM_AMX_Q4_K_TILE, ts = nb * tb;  // bytes per super-block, per tile
+    const int n_sub = Q6 ? 16 : 8, sub = 256 / n_sub;  // sub-blocks, quants in each
+    const int64_t scales_at = Q6 ? HRM_AMX_Q6_K_SCALES : HRM_AMX_Q4_K_SCALES;
     for (int g = 0; g < G; ++g) {
         for (int c = 0; c < NC; ++c) {
             acc[g][c] = _mm512_setzero_ps();
         }
     }
     for (int64_t b = 0; b < nb; ++b) {
-        const char * blk = tile + b * HRM_AMX_Q6_K_TILE;
+        const char * blk = tile + b * tb;
         __m512i sum[2][HRM_AMX_Q4_K_COLS];
         for (int g = 0; g < G; ++g) {
             for (int c = 0; c < NC; ++c) {
                 sum[g][c] = _mm512_setzero_si512();
             }
         }
-        for (int s = 0; s < 16; ++s) {
-            _tile_loadd(4, xs + b * 256 + s * 16, xs_stride);
-            hrm_amx_unpack_q6_K(blk, s, unpacked[0]);
+        for (int s = 0; s < n_sub; ++s) {
+            _tile_loadd(4, xs + b * 256 + s * sub, xs_stride);
+            for (int g = 0; g < G; ++g) {
+                if (Q6) {
+                    hrm_amx_unpack_q6_K(blk + g * ts, s, unpacked[g]);
+                } else {
+                    hrm_amx_unpack_q4_K(blk + g * ts, s, unpacked[g]);
+                }
+            }
             HRM_AMX_BLOCK_DOTS(2, 0, unpacked[0], dots[0]);
             if (G == 2) {
-                hrm_amx_unpack_q6_K(blk + ts, s, unpacked[1]);
                 HRM_AMX_BLOCK_DOTS(3, 1, unpacked[1], dots[1]);
             }
             for (int g = 0; g < G; ++g) {
-                const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (blk + g * ts + HRM_AMX_Q6_K_SCALES + s * 16)));
+                const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (blk + g * ts + scales_at + s * 16)));
                 for (int c = 0; c < NC; ++c) {
                     sum[g][c] = _mm512_add_epi32(sum[g][c], _mm512_mullo_epi32(_mm512_load_si512((const void *) (dots[g] + c * 16)), scale));
                 }
             }
         }
         for (int g = 0; g < G; ++g) {
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (blk + g * ts + HRM_AMX_Q6_K_D)));
+            const char * bg = blk + g * ts;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (bg + (Q6 ? HRM_AMX_Q6_K_D : HRM_AMX_Q4_K_D))));
+            // Q4_K: the super-block scale of the mins, and the mins of each pair of sub-blocks as int16
+            const __m512 dmin = Q6 ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_D + HRM_AMX_ROWS * 2)));
+            __m512i mins[4];
+            for (int i = 0; i < 4; ++i) {
+                mins[i] = Q6 ? _mm512_setzero_si512() : _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *) (bg + HRM_AMX_Q4_K_MINS + i * 32)));
+            }
             for (int c = 0; c < NC; ++c) {
-                acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[g][c]), _mm512_mul_ps(d, _mm512_set1_ps(xd[c * nb + b])), acc[g][c]);
+                const __m512 dx = _mm512_set1_ps(xd[c * nb + b]);
+                acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[g][c]), _mm512_mul_ps(d, dx), acc[g][c]);
+                if (!Q6) {
+                    __m512i m = _mm512_setzero_si512();
+                    for (int i = 0; i < 4; ++i) {
+                        m = _mm512_dpwssds_epi32(m, _mm512_set1_epi32(xm[(c * nb + b) * 4 + i]), mins[i]);
+                    }
+                    acc[g][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, dx), acc[g][c]);
+                }
             }
         }
     }
@@ -831,13 +778,13 @@ static inline __attribute__((always_inline)) void hrm_amx_q6_K_tiles(
     }
 }
 
-// hrm_amx_q4_K_tiles (q6 = 0) or hrm_amx_q6_K_tiles (q6 = 1) with literal tile and column counts
+// hrm_amx_k_tiles with literal type, tile and column counts
 static void hrm_amx_k_tiles_n(const char * tile, int64_t nb, const int8_t * xs, int64_t xs_stride, const float * xd, const int32_t * xm,
                               int q6, int g, int nc, float * out, int64_t out_stride) {
 #define HRM_AMX_Q4_K_CASE(G, NC) \
     case NC: \
-        if (q6) { hrm_amx_q6_K_tiles(tile, nb, xs, xs_stride, xd, G, NC, out, out_stride); } \
-        else { hrm_amx_q4_K_tiles(tile, nb, xs, xs_stride, xd, xm, G, NC, out, out_stride); } \
+        if (q6) { hrm_amx_k_tiles(tile, nb, xs, xs_stride, xd, xm, 1, G, NC, out, out_stride); } \
+        else { hrm_amx_k_tiles(tile, nb, xs, xs_stride, xd, xm, 0, G, NC, out, out_stride); } \
         break
     _Static_assert(HRM_AMX_Q4_K_COLS == 4, "the cases below");
     if (g == 2) {
@@ -848,10 +795,10 @@ static void hrm_amx_k_tiles_n(const char * tile, int64_t nb, const int8_t * xs, 
 #undef HRM_AMX_Q4_K_CASE
 }
 
-// One column (xq, nb Q8_K blocks; xm as for hrm_amx_q4_K_tiles) · G (1 to 4) consecutive tiles of
+// One column (xq, nb Q8_K blocks; xm as for hrm_amx_k_tiles) · G (1 to 4) consecutive tiles of
 // Q4_K (Q6 = 0) or Q6_K (Q6 = 1) weights in ggml's AMX layout by AVX512-VNNI, each row's
-// arithmetic that of ggml's one-column kernel (and so of hrm_amx_q4_K_tiles and
-// hrm_amx_q6_K_tiles): the same exact int32 sums, the same float operations in the same order.
+// arithmetic that of ggml's one-column kernel (and so of hrm_amx_k_tiles): the same exact int32
+// sums, the same float operations in the same order.
 // ggml's kernel moves each 4-byte group of the column into place with a permute per tile; here it
 // is one broadcast from memory for G tiles.
 static inline __attribute__((always_inline)) void hrm_vnni_k_tiles(
@@ -990,11 +937,7 @@ static void hrm_mul_mat_k_amx_op(struct ggml_tensor * dst, int ith, int nth, voi
 
     struct hrm_tile_config saved __attribute__((aligned(64)));
     _tile_storeconfig(&saved);
-    if (q6) {
-        hrm_amx_q6_K_configure(cols);
-    } else {
-        hrm_amx_configure(cols);
-    }
+    hrm_amx_configure(cols, q6 ? 16 : 32);
     const int64_t out_stride = (int64_t) (dst->nb[1] / sizeof(float));
     for (int64_t t = t0; t < t1;) {
         const int g = t1 - t >= 2 ? 2 : 1;
@@ -1006,11 +949,7 @@ static void hrm_mul_mat_k_amx_op(struct ggml_tensor * dst, int ith, int nth, voi
         }
         t += g;
     }
-    if (saved.palette_id == 0) {
-        _tile_release();
-    } else {
-        _tile_loadconfig(&saved);
-    }
+    hrm_amx_restore(&saved);
     free(xq);
     free(xs);
     free(xd);
@@ -1155,11 +1094,7 @@ static void hrm_mul_mat_bf16_amx_op(struct ggml_tensor * dst, int ith, int nth, 
             }
         }
     }
-    if (saved.palette_id == 0) {
-        _tile_release();
-    } else {
-        _tile_loadconfig(&saved);
-    }
+    hrm_amx_restore(&saved);
     free(xb);
 }
 #endif  // AMX-BF16
@@ -1176,7 +1111,7 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
         // against 27.2 ms); it reads 4 tiles at a time as this one now does
         return x->ne[1] >= 2;
     }
-    if (hrm_is_amx_q4_K(w) || hrm_is_amx_q6_K(w)) {
+    if (hrm_is_amx_k_quant(w)) {
         return 1;  // one column by AVX512-VNNI (hrm_vnni_k_tiles), more by AMX tiles
     }
 #endif
@@ -1214,7 +1149,7 @@ struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_te
     if (hrm_is_amx_q8_0_q4_0(w)) {
         return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_amx_op, GGML_N_TASKS_MAX, w);
     }
-    if (hrm_is_amx_q4_K(w) || hrm_is_amx_q6_K(w)) {
+    if (hrm_is_amx_k_quant(w)) {
         return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_k_amx_op, GGML_N_TASKS_MAX, w);
     }
 #endif
