@@ -265,7 +265,7 @@ fn decide(choice: KernelChoice, time: impl FnOnce() -> Timed) -> Decision {
         KernelChoice::Measure => {
             let t = time();
             let extension = prefer_extension(t.ext, t.ggml);
-                let why = match t.ext {
+            let why = match t.ext {
                 None => "the extension has no kernel for it here".to_string(),
                 Some(_) => format!("measured{}: frigg's {} vs ggml's {}", if t.cached { " (cached)" } else { "" }, ms(t.ext), ms(t.ggml)),
             };
