@@ -425,6 +425,238 @@ static void hrm_mul_mat_q4_K_repacked_op(struct ggml_tensor * dst, int ith, int 
     free(xq);
 }
 
+// Q4_0 weights in ggml's repacked layout (CPU_REPACK on x86 with AVX2, ggml-cpu/repack.h): every
+// 8 rows stored as one run of hrm_q4_0x8 blocks, in the same bytes as the 8 plain rows. ggml's
+// matmul there runs a 1-column GEMV per column below 4 and a 4-column GEMM that unpacks each
+// block of the 8 rows for every 4 columns with a signed multiply per 4-byte group and column; a
+// 4-column step cost most of 4 one-column steps. Here each block's nibbles and blends are
+// unpacked once for up to HRM_Q4_0_COLS columns, and a column's exact integer dot products come
+// from unsigned nibbles: Σ (n − 8)·x = Σ n·x − 8·Σx, n in 0..15 (u8) against x (s8) in one
+// maddubs, 16 products per 16-bit lane (|sum| ≤ 16·15·127 < 2^15), no sign operations per column.
+// The float arithmetic is the GEMV's (ggml_gemv_q4_0_8x8_q8_0, AVX2): per block
+// acc = (float) isum · (d_w · d_x) + acc, in block order, the lanes in its row order, so every
+// column has the bits ggml gives a lone column.
+struct hrm_q4_0x8 {  // ggml's block_q4_0x8
+    ggml_fp16_t d[8];  // each row's block scale
+    uint8_t qs[128];   // 4-bit quants XOR 0x88, 8 bytes of each row in turn: bytes 0..7 of rows
+                       // 0..7, then bytes 8..15 (byte j: quant j low, quant j + 16 high)
+};
+_Static_assert(sizeof(struct hrm_q4_0x8) == 144, "ggml's block_q4_0x8");
+
+#define HRM_Q4_0_COLS 4  // columns multiplied per unpacking of the weights (accumulators: 4 + 8 rhs)
+
+static int hrm_is_repacked_q4_0(const struct ggml_tensor * w) {
+    return w->type == GGML_TYPE_Q4_0 && w->buffer != NULL &&
+           strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "CPU_REPACK") == 0 &&
+           w->ne[0] % QK == 0 && w->ne[1] % 8 == 0 && ggml_nrows(w) == w->ne[1];
+}
+
+// out[c][0..8) = the 8 rows of the group at w (nb blocks) · column c (xq[c], nb blocks; xsum[c][b]
+// = 8 · the sum of its block b's quants), for c < NC.
+static inline __attribute__((always_inline)) void hrm_q4_0_group(
+        const struct hrm_q4_0x8 * w, int64_t nb, const struct hrm_q8_0 * const * xq, const int32_t * const * xsum,
+        const int NC, float (*out)[8]) {
+    const __m128i changemask = _mm_set_epi8(15, 14, 7, 6, 13, 12, 5, 4, 11, 10, 3, 2, 9, 8, 1, 0);
+    const __m256i finalpermutemask = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
+    const __m256i m4b = _mm256_set1_epi8(0x0F), m88 = _mm256_set1_epi8((char) 0x88), ones = _mm256_set1_epi16(1);
+    __m256 acc[HRM_Q4_0_COLS];
+    for (int c = 0; c < NC; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        // rhs[j]: quants 4j..4j+3 of the rows in lane order 0,4,1,5,2,6,3,7 (the GEMV's), unsigned
+        __m256i rhs[8];
+        for (int h = 0; h < 2; ++h) {  // h: bytes 0..7 (quants 0..7, 16..23) or 8..15 (8..15, 24..31)
+            const __m256i raw0123 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) (w[b].qs + 64 * h)), m88);
+            const __m256i raw4567 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) (w[b].qs + 64 * h + 32)), m88);
+            for (int hi = 0; hi < 2; ++hi) {  // hi: the low nibbles, then the high (16 quants on)
+                const __m256i v0123 = _mm256_and_si256(hi ? _mm256_srli_epi16(raw0123, 4) : raw0123, m4b);
+                const __m256i v4567 = _mm256_and_si256(hi ? _mm256_srli_epi16(raw4567, 4) : raw4567, m4b);
+                rhs[4 * hi + 2 * h] = _mm256_blend_epi32(v0123, _mm256_shuffle_epi32(v4567, 177), 170);
+                rhs[4 * hi + 2 * h + 1] = _mm256_blend_epi32(_mm256_shuffle_epi32(v0123, 177), v4567, 170);
+            }
+        }
+        const __m256 col_scale = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) w[b].d), changemask));
+        for (int c = 0; c < NC; ++c) {
+            const int8_t * a = xq[c][b].qs;
+            int32_t g[8];
+            memcpy(g, a, sizeof g);
+            __m256i i16 = _mm256_maddubs_epi16(rhs[0], _mm256_set1_epi32(g[0]));
+            for (int j = 1; j < 8; ++j) {
+                i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[j], _mm256_set1_epi32(g[j])));
+            }
+            const __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(i16, ones), _mm256_set1_epi32(xsum[c][b]));
+            const __m256 row_scale = _mm256_set1_ps(_cvtsh_ss(xq[c][b].d));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(col_scale, row_scale), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        _mm256_storeu_ps(out[c], _mm256_permutevar8x32_ps(acc[c], finalpermutemask));
+    }
+}
+
+// dst [R, N] F32 = W (repacked Q4_0 [K, R], the userdata, as for Q4_K) · src0 (F32 [K, N],
+// contiguous rows). Threads split the 8-row groups.
+static void hrm_mul_mat_q4_0_repacked_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const struct ggml_tensor * w = userdata;
+    const struct ggml_tensor * x = dst->src[0];
+    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / QK;
+    struct hrm_q8_0 * xq;
+    float * xd;
+    hrm_quantize_columns(x, K, &xq, &xd);
+    int32_t * xsum = malloc(sizeof(int32_t) * (size_t) (nb * N));
+    if (xsum == NULL) {
+        GGML_ABORT("hrm_decode_matmul: out of memory for %lld column sums", (long long) N);
+    }
+    for (int64_t i = 0; i < nb * N; ++i) {
+        int32_t s = 0;
+        for (int k = 0; k < QK; ++k) {
+            s += xq[i].qs[k];
+        }
+        xsum[i] = 8 * s;
+    }
+    const int64_t groups = R / 8, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
+    float out[HRM_Q4_0_COLS][8];
+    for (int64_t g = g0; g < g1; ++g) {
+        const struct hrm_q4_0x8 * wg = (const struct hrm_q4_0x8 *) ((const char *) w->data + g * 8 * w->nb[1]);
+        for (int64_t c0 = 0; c0 < N; c0 += HRM_Q4_0_COLS) {
+            const int nc = N - c0 < HRM_Q4_0_COLS ? (int) (N - c0) : HRM_Q4_0_COLS;
+            const struct hrm_q8_0 * xc[HRM_Q4_0_COLS] = { NULL };
+            const int32_t * sc[HRM_Q4_0_COLS] = { NULL };
+            for (int c = 0; c < nc; ++c) {
+                xc[c] = xq + (c0 + c) * nb;
+                sc[c] = xsum + (c0 + c) * nb;
+            }
+            switch (nc) {  // literal column counts: the accumulators stay in registers
+                case 1: hrm_q4_0_group(wg, nb, xc, sc, 1, out); break;
+                case 2: hrm_q4_0_group(wg, nb, xc, sc, 2, out); break;
+                case 3: hrm_q4_0_group(wg, nb, xc, sc, 3, out); break;
+                default: hrm_q4_0_group(wg, nb, xc, sc, 4, out); break;
+            }
+            for (int c = 0; c < nc; ++c) {
+                memcpy((char *) dst->data + (c0 + c) * dst->nb[1] + g * 8 * sizeof(float), out[c], sizeof out[c]);
+            }
+        }
+    }
+    free(xq);
+    free(xd);
+    free(xsum);
+}
+
+// Q6_K weights in plain memory (the q4 files' output and part of their FFN): ggml's matmul runs
+// its one-row vec_dot per (row, column), unpacking each super-block's 6-bit quants and scales
+// again for every column. Here they are unpacked once for up to HRM_Q6_K_COLS columns, and each
+// column runs the rest of ggml_vec_dot_q6_K_q8_K's AVX2 operations (the same vectors, integer
+// sums exact in int32, then acc = d · (float) sumi + acc per super-block with
+// d = d_x · d_w, and ggml's horizontal sum): every column has the bits ggml gives it alone.
+struct hrm_q6_K {  // ggml's block_q6_K
+    uint8_t ql[128];     // quants, low 4 bits
+    uint8_t qh[64];      // quants, high 2 bits
+    int8_t scales[16];   // 8-bit scale of each 16 quants
+    ggml_fp16_t d;       // super-block scale
+};
+_Static_assert(sizeof(struct hrm_q6_K) == 210, "ggml's block_q6_K");
+
+#define HRM_Q6_K_COLS 4  // columns multiplied per unpacking of the weights
+
+// out[c] = the row wr (nb super-blocks) · column c (x[c], nb blocks), for c < NC
+static inline __attribute__((always_inline)) void hrm_q6_K_row(
+        const struct hrm_q6_K * wr, int64_t nb, const struct hrm_q8_K * const * x, const int NC, float * out) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    __m256 acc[HRM_Q6_K_COLS];
+    for (int c = 0; c < NC; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const float dw = _cvtsh_ss(wr[b].d);
+        const __m128i scales = _mm_loadu_si128((const __m128i *) wr[b].scales);
+        __m256i sumi[HRM_Q6_K_COLS];
+        for (int c = 0; c < NC; ++c) {
+            sumi[c] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < 2; ++j) {  // 128 quants per pass
+            const __m256i q4bits1 = _mm256_loadu_si256((const __m256i *) (wr[b].ql + 64 * j));
+            const __m256i q4bits2 = _mm256_loadu_si256((const __m256i *) (wr[b].ql + 64 * j + 32));
+            const __m256i q4bitsH = _mm256_loadu_si256((const __m256i *) (wr[b].qh + 32 * j));
+            const __m256i q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, m3), 4);
+            const __m256i q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(12)), 2);
+            const __m256i q4h_2 = _mm256_and_si256(q4bitsH, _mm256_set1_epi8(48));
+            const __m256i q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(-64)), 2);
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+                _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3),
+            };
+            // ggml's get_scale_shuffle(4j + k): scale 2(4j + k) for the first 16 quants, 2(4j + k) + 1 after
+            __m256i sc[4];
+            for (int k = 0; k < 4; ++k) {
+                const long long lo = 0x0101010101010101LL * (2 * (4 * j + k)), hi = 0x0101010101010101LL * (2 * (4 * j + k) + 1);
+                sc[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(hi, lo)));
+            }
+            for (int c = 0; c < NC; ++c) {
+                const int8_t * q8 = x[c][b].qs + 128 * j;
+                __m256i p[4];
+                for (int k = 0; k < 4; ++k) {
+                    p[k] = _mm256_madd_epi16(sc[k], _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *) (q8 + 32 * k))));
+                }
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p[0], p[1]));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p[2], p[3]));
+            }
+        }
+        const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
+        for (int c = 0; c < NC; ++c) {
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i *) x[c][b].bsums);
+            const __m256i q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+            const float d = x[c][b].d * dw;
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[c], q8sclsub)), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        out[c] = hrm_hsum(acc[c]);
+    }
+}
+
+// dst [R, N] F32 = src0 (Q6_K [K, R]) · src1 (F32 [K, N], contiguous rows). Threads split the rows.
+static void hrm_mul_mat_q6_K_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    const struct ggml_tensor * w = dst->src[0];
+    const struct ggml_tensor * x = dst->src[1];
+    const int64_t K = w->ne[0], R = w->ne[1], N = x->ne[1], nb = K / 256;
+    struct hrm_q8_K * xq = malloc(sizeof(struct hrm_q8_K) * (size_t) (nb * N));
+    if (xq == NULL) {
+        GGML_ABORT("hrm_decode_matmul: out of memory for %lld quantized columns", (long long) N);
+    }
+    // ggml's from_float for Q6_K's vec_dot_type, as its matmul quantizes every column
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float;
+    for (int64_t c = 0; c < N; ++c) {
+        quantize((const float *) ((const char *) x->data + c * x->nb[1]), xq + c * nb, K);
+    }
+    const int64_t r0 = R * ith / nth, r1 = R * (ith + 1) / nth;
+    float out[HRM_Q6_K_COLS];
+    for (int64_t r = r0; r < r1; ++r) {
+        const struct hrm_q6_K * wr = (const struct hrm_q6_K *) ((const char *) w->data + r * w->nb[1]);
+        hrm_prefetch_row(wr, w->nb[1]);
+        for (int64_t c0 = 0; c0 < N; c0 += HRM_Q6_K_COLS) {
+            const int nc = N - c0 < HRM_Q6_K_COLS ? (int) (N - c0) : HRM_Q6_K_COLS;
+            const struct hrm_q8_K * xc[HRM_Q6_K_COLS] = { NULL };
+            for (int c = 0; c < nc; ++c) {
+                xc[c] = xq + (c0 + c) * nb;
+            }
+            switch (nc) {  // literal column counts: the accumulators stay in registers
+                case 1: hrm_q6_K_row(wr, nb, xc, 1, out); break;
+                case 2: hrm_q6_K_row(wr, nb, xc, 2, out); break;
+                case 3: hrm_q6_K_row(wr, nb, xc, 3, out); break;
+                default: hrm_q6_K_row(wr, nb, xc, 4, out); break;
+            }
+            for (int c = 0; c < nc; ++c) {
+                *(float *) ((char *) dst->data + r * dst->nb[0] + (c0 + c) * dst->nb[1]) = out[c];
+            }
+        }
+    }
+    free(xq);
+}
+
 // (ggml builds its AMX buffer type only with AMX-INT8 and AVX512-VNNI; the K-quant kernels use both)
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define HRM_AMX_LAYOUT 1
@@ -1119,6 +1351,9 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
         // one column: ggml's matmul runs this GEMV itself, with its dynamic row chunks
         return x->ne[1] >= 2;
     }
+    if (hrm_is_repacked_q4_0(w)) {
+        return 1;
+    }
     // otherwise only weights in ggml's plain layout: a weight in one of the CPU's other extra
     // buffer types (other repacked blocks) is stored in that type's own layout
     if (w->buffer == NULL || !ggml_backend_buffer_is_host(w->buffer)) {
@@ -1127,6 +1362,8 @@ int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_
     switch (w->type) {
         // one column: ggml's vec_dot is this arithmetic, and its dynamic row chunks are faster
         case GGML_TYPE_Q8_0: return w->ne[0] % QK == 0 && x->ne[1] >= 2;
+        // one column: ggml's vec_dot is this arithmetic
+        case GGML_TYPE_Q6_K: return w->ne[0] % 256 == 0 && x->ne[1] >= 2;
         case GGML_TYPE_BF16:
 #ifdef HRM_AMX_BF16
             if (w->ne[0] % HRM_BF16_BLOCK == 0 && w->ne[1] % 16 == 0 && ggml_nrows(w) == w->ne[1] && hrm_amx_permitted()) {
@@ -1161,7 +1398,10 @@ struct ggml_tensor * hrm_decode_matmul(struct ggml_context * ctx, struct ggml_te
     if (hrm_is_repacked_q4_K(w)) {
         return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_q4_K_repacked_op, GGML_N_TASKS_MAX, w);
     }
-    ggml_custom_op_t op = w->type == GGML_TYPE_BF16 ? hrm_mul_mat_bf16_op : hrm_mul_mat_q8_0_op;
+    if (hrm_is_repacked_q4_0(w)) {
+        return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, &x, 1, hrm_mul_mat_q4_0_repacked_op, GGML_N_TASKS_MAX, w);
+    }
+    ggml_custom_op_t op = w->type == GGML_TYPE_BF16 ? hrm_mul_mat_bf16_op : w->type == GGML_TYPE_Q6_K ? hrm_mul_mat_q6_K_op : hrm_mul_mat_q8_0_op;
     return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, op, GGML_N_TASKS_MAX, NULL);
 }
 
