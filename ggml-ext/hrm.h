@@ -98,7 +98,7 @@ struct hrm_step {
                         // with hrm_decode_attention instead of ggml_flash_attn_ext; CPU backends
                         // only (a custom op), F16/F32 caches only (others keep flash attention)
     int32_t cpu_decode_matmul;  // 1: decode steps multiply the weights hrm_decode_matmul_supported
-                        // takes (Q8_0, BF16, and some in extra buffer types) with hrm_decode_matmul
+                        // takes (Q8_0, Q6_K, BF16, and some in extra buffer types) with hrm_decode_matmul
                         // instead of ggml_mul_mat; CPU backends only (a custom op)
     int32_t cpu_prefill_attention;  // 1: first forwards attend with hrm_prefill_attention instead
                         // of ggml_flash_attn_ext; CPU backends only (a custom op), F16/F32 caches
@@ -146,12 +146,13 @@ struct ggml_tensor * hrm_prefill_attention(struct ggml_context * ctx, struct ggm
                                            struct ggml_tensor * v, struct ggml_tensor * mask);
 
 // Decode matmul on the CPU (hrm_matmul.c): W ([K, R]) · x (F32 [K, N], rows contiguous)
-// → F32 [R, N]; each column's result does not depend on N. Q8_0 (N >= 2): every dot product as
-// ggml's AVX2 vec_dot computes it. Q8_0 and Q4_0 (N >= 2), Q4_K and Q6_K (any N) in ggml's AMX
+// → F32 [R, N]; each column's result does not depend on N. Q8_0 and Q6_K (N >= 2): every dot
+// product as ggml's AVX2 vec_dot computes it. Q8_0 and Q4_0 (N >= 2), Q4_K and Q6_K (any N) in ggml's AMX
 // buffer type (AMX-INT8 builds): every column as ggml's one-column kernel for that layout
 // computes it. BF16 (any N): weights widened to
 // F32, activations unrounded. Q4_K in ggml's repacked layout (its CPU_REPACK buffer type, N >= 2):
-// every column as ggml's 1-column GEMV for that layout computes it. Weights in other extra
+// every column as ggml's 1-column GEMV for that layout computes it; Q4_0 there (any N) the same
+// with its GEMV. Weights in other extra
 // buffer types are not supported.
 // Supported on AVX2 builds only (elsewhere hrm_decode_matmul is ggml_mul_mat).
 int hrm_decode_matmul_supported(const struct ggml_tensor * w, const struct ggml_tensor * x);

@@ -1,4 +1,4 @@
-// Decode matmuls on the CPU for Q8_0, BF16 and repacked Q4_K weights: y[r, c] = W[r, :] · x[:, c]
+// Decode matmuls on the CPU for Q8_0, Q6_K, BF16 and repacked Q4_0 and Q4_K weights: y[r, c] = W[r, :] · x[:, c]
 // for the few columns (one per stream) of a decode step.
 //
 // Why not ggml_mul_mat: one column goes through ggml's vec_dot, which streams the weights at

@@ -330,9 +330,12 @@ fn bf16_decode_matmul_matches_f32_weights() {
 /// it reads that layout with the arithmetic of ggml's one-column kernel for it, which again
 /// must equal ggml's matmul on the same weights at every batch size (the log line names the
 /// placement), and a prefill after those decodes is unchanged by them; so for Q4_K in AMX tiles
-/// (the 256-wide checkpoint), whose kernel runs for one column too. (Builds without AVX2 use
-/// ggml_mul_mat for both; Q4_0 and Q4_K elsewhere than in AMX tiles are ggml's in both runs,
-/// but for repacked Q4_K, which `batched_decode_equals_single_stream_bit_for_bit` covers.)
+/// (the 256-wide checkpoint), whose kernel runs for one column too. On AVX2 without AMX the
+/// tiny checkpoint's Q4_0 weights lie in ggml's repacked blocks, which the extension reads with
+/// the arithmetic of ggml's one-column GEMV for them, and the 256-wide one's Q6_K weights stay in
+/// plain memory, where its kernel runs vec_dot's arithmetic per column. (Builds without AVX2 use
+/// ggml_mul_mat for both; repacked Q4_K is the extension's in both runs of a batch-invariant
+/// engine, and `batched_decode_equals_single_stream_bit_for_bit` covers it.)
 #[test]
 fn decode_matmul_equals_ggml_one_row_kernels() {
     let wide = tempfile::tempdir().unwrap();
