@@ -451,11 +451,11 @@ static int hrm_is_repacked_q4_0(const struct ggml_tensor * w) {
            w->ne[0] % QK == 0 && w->ne[1] % 8 == 0 && ggml_nrows(w) == w->ne[1];
 }
 
-// out[c][0..8) = the 8 rows of the group at w (nb blocks) · column c (xq[c], nb blocks; xsum[c][b]
-// = 8 · the sum of its block b's quants), for c < NC.
+// out[c][0..8) = the 8 rows of the group at w (nb blocks) · column c (xq[c], nb blocks; xd[c][b]
+// its block b's scale, xsum[c][b] 8 · the sum of its block b's quants), for c < NC.
 static inline __attribute__((always_inline)) void hrm_q4_0_group(
-        const struct hrm_q4_0x8 * w, int64_t nb, const struct hrm_q8_0 * const * xq, const int32_t * const * xsum,
-        const int NC, float (*out)[8]) {
+        const struct hrm_q4_0x8 * w, int64_t nb, const struct hrm_q8_0 * const * xq, const float * const * xd,
+        const int32_t * const * xsum, const int NC, float (*out)[8]) {
     const __m128i changemask = _mm_set_epi8(15, 14, 7, 6, 13, 12, 5, 4, 11, 10, 3, 2, 9, 8, 1, 0);
     const __m256i finalpermutemask = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
     const __m256i m4b = _mm256_set1_epi8(0x0F), m88 = _mm256_set1_epi8((char) 0x88), ones = _mm256_set1_epi16(1);
@@ -486,7 +486,7 @@ static inline __attribute__((always_inline)) void hrm_q4_0_group(
                 i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[j], _mm256_set1_epi32(g[j])));
             }
             const __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(i16, ones), _mm256_set1_epi32(xsum[c][b]));
-            const __m256 row_scale = _mm256_set1_ps(_cvtsh_ss(xq[c][b].d));
+            const __m256 row_scale = _mm256_set1_ps(xd[c][b]);
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(col_scale, row_scale), acc[c]);
         }
     }
@@ -522,16 +522,18 @@ static void hrm_mul_mat_q4_0_repacked_op(struct ggml_tensor * dst, int ith, int 
         for (int64_t c0 = 0; c0 < N; c0 += HRM_Q4_0_COLS) {
             const int nc = N - c0 < HRM_Q4_0_COLS ? (int) (N - c0) : HRM_Q4_0_COLS;
             const struct hrm_q8_0 * xc[HRM_Q4_0_COLS] = { NULL };
+            const float * dc[HRM_Q4_0_COLS] = { NULL };
             const int32_t * sc[HRM_Q4_0_COLS] = { NULL };
             for (int c = 0; c < nc; ++c) {
                 xc[c] = xq + (c0 + c) * nb;
+                dc[c] = xd + (c0 + c) * nb;
                 sc[c] = xsum + (c0 + c) * nb;
             }
             switch (nc) {  // literal column counts: the accumulators stay in registers
-                case 1: hrm_q4_0_group(wg, nb, xc, sc, 1, out); break;
-                case 2: hrm_q4_0_group(wg, nb, xc, sc, 2, out); break;
-                case 3: hrm_q4_0_group(wg, nb, xc, sc, 3, out); break;
-                default: hrm_q4_0_group(wg, nb, xc, sc, 4, out); break;
+                case 1: hrm_q4_0_group(wg, nb, xc, dc, sc, 1, out); break;
+                case 2: hrm_q4_0_group(wg, nb, xc, dc, sc, 2, out); break;
+                case 3: hrm_q4_0_group(wg, nb, xc, dc, sc, 3, out); break;
+                default: hrm_q4_0_group(wg, nb, xc, dc, sc, 4, out); break;
             }
             for (int c = 0; c < nc; ++c) {
                 memcpy((char *) dst->data + (c0 + c) * dst->nb[1] + g * 8 * sizeof(float), out[c], sizeof out[c]);
