@@ -500,6 +500,29 @@ fn the_decode_ceiling_of_a_batch_reads_the_weights_once_and_every_cache() {
     assert!((ratio - expected).abs() < 1e-12 && ratio > 1.0 && ratio < 4.0, "ratio {ratio}, expected {expected}");
 }
 
+/// `bench matmul` times every arm that can run at each column count on the model's own weights:
+/// ggml's two kernel sets always, the extension's where it has a kernel (Q8_0 from 2 columns:
+/// at 1 column ggml's vec_dot is the one-column kernel its columns must match), and refuses a
+/// column count of 0.
+#[test]
+fn bench_matmul_times_each_arm_that_runs_at_each_column_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    convert_to(&ckpt("tiny-packed"), &gguf, OutType::Q8_0);
+    let o = frigg::tools::bench::MatmulOptions { model: gguf.clone(), columns: vec![1, 2, 4], threads: 1, rounds: 2, bytes: 1 << 30 };
+    let cells = frigg::tools::bench::matmul(&o).unwrap();
+    assert_eq!(cells.iter().map(|c| c.columns).collect::<Vec<_>>(), [1, 2, 4]);
+    assert!(cells[0].frigg_s.is_none(), "{cells:?}");
+    for c in &cells {
+        assert!(c.weight_bytes > 0 && c.n_weights > 0, "{c:?}");
+        assert!(c.ggml_reference_s.is_finite() && c.ggml_reference_s > 0.0 && c.ggml_fast_s.is_finite() && c.ggml_fast_s > 0.0, "{c:?}");
+        assert!(c.columns == 1 || c.frigg_s.is_some_and(|s| s.is_finite() && s > 0.0), "{c:?}");
+        assert!(c.fastest_s() <= c.ggml_reference_s && c.fastest_s() <= c.ggml_fast_s);
+    }
+    let err = frigg::tools::bench::matmul(&frigg::tools::bench::MatmulOptions { columns: vec![0], ..o }).unwrap_err();
+    assert!(err.contains("--columns"), "{err}");
+}
+
 /// The extension's prefill attention (ggml-ext/hrm_prefill.c) against ggml's flash attention on
 /// one prompt's every row of logits. The prompt is 150 tokens (three query blocks, the last one
 /// short), a bidirectional block of 100 then 50 causal tokens, so the extension meets keys open

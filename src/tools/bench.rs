@@ -841,3 +841,126 @@ impl GrammarCell {
         )
     }
 }
+
+/// `frigg bench matmul`'s options.
+#[derive(Debug, Clone)]
+pub struct MatmulOptions {
+    pub model: PathBuf,
+    /// Columns multiplied together (the streams of a decode step).
+    pub columns: Vec<usize>,
+    pub threads: usize,
+    /// Rounds per arm, their order rotated each round; each arm keeps its fastest round.
+    pub rounds: usize,
+    /// Weight bytes timed: whole layers, from the first, until they hold this many.
+    pub bytes: usize,
+}
+
+/// One column count's decode matmul, timed three ways on the same weights (those of
+/// `Model::layer_matmul_weights`, placed as a batched engine places them), seconds per graph of
+/// all of them: the extension's kernel (None where it has none for these weights at this count:
+/// ggml's op would run), ggml's op on its reference kernels (one dot product per row and column:
+/// the kernel set of a batch-invariant engine's decode) and on its fast ones (tiled GEMM: a
+/// one-stream or batched engine's).
+#[derive(Debug, Clone, Serialize)]
+pub struct MatmulCell {
+    pub file: String,
+    pub weights_in: String,
+    pub weight_bytes: usize,
+    pub n_weights: usize,
+    pub columns: usize,
+    pub threads: usize,
+    pub frigg_s: Option<f64>,
+    pub ggml_reference_s: f64,
+    pub ggml_fast_s: f64,
+}
+
+impl MatmulCell {
+    /// The fastest of the three arms.
+    pub fn fastest_s(&self) -> f64 {
+        self.frigg_s.unwrap_or(f64::INFINITY).min(self.ggml_reference_s).min(self.ggml_fast_s)
+    }
+
+    pub fn markdown_header() -> &'static str {
+        "| file | weights in | weights timed | threads | columns | frigg's matmul ms (weights GB/s) | ggml reference kernels ms (GB/s) | ggml fast kernels ms (GB/s) | time ÷ 1 column's (fastest arms) | the matmul's batching gain (columns ÷ time growth) |\n|---|---|---|---|---|---|---|---|---|---|"
+    }
+
+    /// `one`: the same file's 1-column cell, for the growth columns.
+    pub fn markdown_row(&self, one: Option<&MatmulCell>) -> String {
+        let arm = |s: f64| format!("{:.2} ({:.1})", s * 1e3, self.weight_bytes as f64 / s / 1e9);
+        let (growth, gain) = match one {
+            Some(o) => {
+                let g = self.fastest_s() / o.fastest_s();
+                (format!("{g:.2}×"), format!("{:.2}×", self.columns as f64 / g))
+            }
+            None => ("–".into(), "–".into()),
+        };
+        format!(
+            "| {} | {} | {} weights, {:.0} MiB | {} | {} | {} | {} | {} | {growth} | {gain} |",
+            self.file,
+            self.weights_in,
+            self.n_weights,
+            self.weight_bytes as f64 / (1u64 << 20) as f64,
+            self.threads,
+            self.columns,
+            self.frigg_s.map_or("– (none: ggml's op)".to_string(), arm),
+            arm(self.ggml_reference_s),
+            arm(self.ggml_fast_s)
+        )
+    }
+}
+
+/// Times the decode matmul at each column count, frigg's kernel against ggml's two kernel sets,
+/// on one CPU backend and the model's own weights: how a matmul's cost grows with the streams
+/// of a step, which bounds what batching can gain on this machine (docs/benchmarks.md).
+pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
+    use crate::engine::weights::{Model, Placement};
+    use crate::ggml::{compute::Backend, ext};
+    if o.columns.is_empty() || o.columns.contains(&0) {
+        return Err("--columns: each count is at least 1".into());
+    }
+    if o.rounds == 0 {
+        return Err("--rounds must be at least 1".into());
+    }
+    crate::ggml::route_logs();
+    let backend = Backend::cpu(o.threads).map_err(|e| e.to_string())?;
+    let model = Model::load(&o.model, &backend, &Placement::Fastest, false).map_err(|e| format!("{}: {e}", o.model.display()))?;
+    let weights = model.layer_matmul_weights(o.bytes);
+    let weight_bytes: usize = weights.iter().map(|w| w.nbytes()).sum();
+    let file = o.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    const REPS: usize = 3;
+    let mut cells = vec![];
+    for &n in &o.columns {
+        // arms: 0 frigg's, 1 ggml reference, 2 ggml fast
+        let mut best = [f64::INFINITY; 3];
+        let mut frigg_runs = true;
+        for r in 0..o.rounds {
+            for k in 0..3 {
+                let arm = (r + k) % 3;
+                if arm == 0 && !frigg_runs {
+                    continue;
+                }
+                backend.set_reference_kernels(arm != 2);
+                let (s, used) = ext::time_decode_matmuls(&backend, &weights, n, arm == 0, false, REPS)
+                    .ok_or_else(|| format!("{file}: the decode matmul graph at {n} columns could not run"))?;
+                if arm == 0 && !used {
+                    frigg_runs = false;
+                    continue;
+                }
+                best[arm] = best[arm].min(s);
+            }
+        }
+        backend.set_reference_kernels(false);
+        cells.push(MatmulCell {
+            file: file.clone(),
+            weights_in: model.placement(),
+            weight_bytes,
+            n_weights: weights.len(),
+            columns: n,
+            threads: o.threads,
+            frigg_s: frigg_runs.then_some(best[0]),
+            ggml_reference_s: best[1],
+            ggml_fast_s: best[2],
+        });
+    }
+    Ok(cells)
+}
