@@ -8,6 +8,9 @@
 # files, and renders every vs-*.json there into docs/benchmarks.md (bench:vs), one table per CPU.
 #   every group (q8_0; bf16; q4: q4_0 and q4_k): decode at batch 1 and 4 from 512 and 1024
 #   filled cells, and prefill of 128 and of 512 prompt tokens.
+# Then the same files' decode matmul by column count (`frigg bench matmul`, 1, 2, 4 and 8
+# columns: how far batching can go on this CPU before the arithmetic binds), into
+# docs/bench/matmul-MACHINE-GROUP.json, every such file rendered into bench:matmul.
 # Usage: scripts/bench-vs.sh [THREADS] [GROUP...]   (default: all three; an otherwise idle machine)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +32,13 @@ for g in "${groups[@]}"; do
         *) echo "unknown group $g (q8_0, bf16, q4)" >&2; exit 2 ;;
     esac
 done
+for g in "${groups[@]}"; do
+    case "$g" in
+        q4) files=(models/mimir-q4_0.gguf models/mimir-q4_k.gguf) ;;
+        *) files=("models/mimir-$g.gguf") ;;
+    esac
+    $frigg bench matmul "${files[@]}" --threads "$threads" --rounds 5 --json "docs/bench/matmul-$MACHINE_TAG-$g.json"
+done
 # every CPU's files, the q8_0 ones first, then bf16, then q4 (the renderer makes one table per
 # CPU, in the order it first meets them)
 shopt -s nullglob
@@ -37,3 +47,8 @@ for g in "${known[@]}"; do
     all+=(docs/bench/vs-*-"$g".json)
 done
 $frigg bench render --matrix "${all[@]}" --markdown docs/benchmarks.md --key vs
+all=()
+for g in "${known[@]}"; do
+    all+=(docs/bench/matmul-*-"$g".json)
+done
+$frigg bench render --matmul "${all[@]}" --markdown docs/benchmarks.md --key matmul

@@ -861,8 +861,9 @@ pub struct MatmulOptions {
 /// ggml's op would run), ggml's op on its reference kernels (one dot product per row and column:
 /// the kernel set of a batch-invariant engine's decode) and on its fast ones (tiled GEMM: a
 /// one-stream or batched engine's).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct MatmulCell {
+    pub machine: Machine,
     pub file: String,
     pub weights_in: String,
     pub weight_bytes: usize,
@@ -872,6 +873,9 @@ pub struct MatmulCell {
     pub frigg_s: Option<f64>,
     pub ggml_reference_s: f64,
     pub ggml_fast_s: f64,
+    /// The machine's load average before and after this file's cells.
+    pub load_before: f64,
+    pub load_after: f64,
 }
 
 impl MatmulCell {
@@ -881,7 +885,7 @@ impl MatmulCell {
     }
 
     pub fn markdown_header() -> &'static str {
-        "| file | weights in | weights timed | threads | columns | frigg's matmul ms (weights GB/s) | ggml reference kernels ms (GB/s) | ggml fast kernels ms (GB/s) | time ÷ 1 column's (fastest arms) | the matmul's batching gain (columns ÷ time growth) |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| file | weights in | weights timed | threads | columns | frigg's matmul ms (weights GB/s) | ggml reference kernels ms (GB/s) | ggml fast kernels ms (GB/s) | time ÷ 1 column's (fastest arms) | the matmul's batching gain (columns ÷ time growth) | load before → after |\n|---|---|---|---|---|---|---|---|---|---|---|"
     }
 
     /// `one`: the same file's 1-column cell, for the growth columns.
@@ -895,7 +899,7 @@ impl MatmulCell {
             None => ("–".into(), "–".into()),
         };
         format!(
-            "| {} | {} | {} weights, {:.0} MiB | {} | {} | {} | {} | {} | {growth} | {gain} |",
+            "| {} | {} | {} weights, {:.0} MiB | {} | {} | {} | {} | {} | {growth} | {gain} | {:.2} → {:.2} |",
             self.file,
             self.weights_in,
             self.n_weights,
@@ -904,8 +908,22 @@ impl MatmulCell {
             self.columns,
             self.frigg_s.map_or("– (none: ggml's op)".to_string(), arm),
             arm(self.ggml_reference_s),
-            arm(self.ggml_fast_s)
+            arm(self.ggml_fast_s),
+            self.load_before,
+            self.load_after
         )
+    }
+
+    /// Rows for `cells`, each measured against the 1-column cell of its own file, machine and
+    /// threads (where there is one).
+    pub fn markdown_rows(cells: &[MatmulCell]) -> Vec<String> {
+        cells
+            .iter()
+            .map(|c| {
+                let one = cells.iter().find(|o| o.columns == 1 && o.file == c.file && o.machine == c.machine && o.threads == c.threads);
+                c.markdown_row(one)
+            })
+            .collect()
     }
 }
 
@@ -922,6 +940,7 @@ pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
         return Err("--rounds must be at least 1".into());
     }
     crate::ggml::route_logs();
+    let load_before = loadavg();
     let backend = Backend::cpu(o.threads).map_err(|e| e.to_string())?;
     let model = Model::load(&o.model, &backend, &Placement::Fastest, false).map_err(|e| format!("{}: {e}", o.model.display()))?;
     let weights = model.layer_matmul_weights(o.bytes);
@@ -951,6 +970,7 @@ pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
         }
         backend.set_reference_kernels(false);
         cells.push(MatmulCell {
+            machine: machine(),
             file: file.clone(),
             weights_in: model.placement(),
             weight_bytes,
@@ -960,7 +980,13 @@ pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
             frigg_s: frigg_runs.then_some(best[0]),
             ggml_reference_s: best[1],
             ggml_fast_s: best[2],
+            load_before,
+            load_after: 0.0,
         });
+    }
+    let load_after = loadavg();
+    for c in &mut cells {
+        c.load_after = load_after;
     }
     Ok(cells)
 }
