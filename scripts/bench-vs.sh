@@ -37,7 +37,7 @@ for g in "${groups[@]}"; do
         q4) files=(models/mimir-q4_0.gguf models/mimir-q4_k.gguf) ;;
         *) files=("models/mimir-$g.gguf") ;;
     esac
-    $frigg bench matmul "${files[@]}" --threads "$threads" --rounds 5 --json "docs/bench/matmul-$MACHINE_TAG-$g.json"
+    $frigg bench matmul "${files[@]}" --threads "$threads" --rounds 9 --json "docs/bench/matmul-$MACHINE_TAG-$g.json"
 done
 # every CPU's files, the q8_0 ones first, then bf16, then q4 (the renderer makes one table per
 # CPU, in the order it first meets them)

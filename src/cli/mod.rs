@@ -498,7 +498,8 @@ struct MatmulArgs {
     columns: Vec<usize>,
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Rounds per arm, the arms' order rotated each round; each keeps its fastest.
+    /// Rounds, each timing every column count and arm in rotated order; each (count, arm)
+    /// keeps its fastest round.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// MiB of weights timed (whole layers from the first): more than the CPU caches, as a

@@ -849,7 +849,8 @@ pub struct MatmulOptions {
     /// Columns multiplied together (the streams of a decode step).
     pub columns: Vec<usize>,
     pub threads: usize,
-    /// Rounds per arm, their order rotated each round; each arm keeps its fastest round.
+    /// Rounds, each timing every column count and arm in rotated order; each (count, arm) keeps
+    /// its fastest round.
     pub rounds: usize,
     /// Weight bytes timed: whole layers, from the first, until they hold this many.
     pub bytes: usize,
@@ -947,29 +948,35 @@ pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
     let weight_bytes: usize = weights.iter().map(|w| w.nbytes()).sum();
     let file = o.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     const REPS: usize = 3;
-    let mut cells = vec![];
-    for &n in &o.columns {
-        // arms: 0 frigg's, 1 ggml reference, 2 ggml fast
-        let mut best = [f64::INFINITY; 3];
-        let mut frigg_runs = true;
-        for r in 0..o.rounds {
+    // best[i][arm]: the fastest round of column count i's arm (0 frigg's, 1 ggml reference,
+    // 2 ggml fast). Each round times every count and arm, rotated, so a slow spell of the
+    // machine falls on all counts alike rather than on one count's rounds.
+    let mut best = vec![[f64::INFINITY; 3]; o.columns.len()];
+    let mut frigg_runs = vec![true; o.columns.len()];
+    for r in 0..o.rounds {
+        for (i, &n) in o.columns.iter().enumerate() {
             for k in 0..3 {
-                let arm = (r + k) % 3;
-                if arm == 0 && !frigg_runs {
+                let arm = (r + i + k) % 3;
+                if arm == 0 && !frigg_runs[i] {
                     continue;
                 }
                 backend.set_reference_kernels(arm != 2);
                 let (s, used) = ext::time_decode_matmuls(&backend, &weights, n, arm == 0, false, REPS)
                     .ok_or_else(|| format!("{file}: the decode matmul graph at {n} columns could not run"))?;
                 if arm == 0 && !used {
-                    frigg_runs = false;
+                    frigg_runs[i] = false;
                     continue;
                 }
-                best[arm] = best[arm].min(s);
+                best[i][arm] = best[i][arm].min(s);
             }
         }
-        backend.set_reference_kernels(false);
-        cells.push(MatmulCell {
+    }
+    backend.set_reference_kernels(false);
+    let mut cells: Vec<MatmulCell> = o
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| MatmulCell {
             machine: machine(),
             file: file.clone(),
             weights_in: model.placement(),
@@ -977,13 +984,13 @@ pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
             n_weights: weights.len(),
             columns: n,
             threads: o.threads,
-            frigg_s: frigg_runs.then_some(best[0]),
-            ggml_reference_s: best[1],
-            ggml_fast_s: best[2],
+            frigg_s: frigg_runs[i].then_some(best[i][0]),
+            ggml_reference_s: best[i][1],
+            ggml_fast_s: best[i][2],
             load_before,
             load_after: 0.0,
-        });
-    }
+        })
+        .collect();
     let load_after = loadavg();
     for c in &mut cells {
         c.load_after = load_after;
