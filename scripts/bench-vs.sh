@@ -10,7 +10,7 @@
 #   filled cells, and prefill of 128 and of 512 prompt tokens.
 # Then the same files' decode matmul by column count (`frigg bench matmul`, 1, 2, 4 and 8
 # columns: how far batching can go on this CPU before the arithmetic binds), into
-# docs/bench/matmul-MACHINE-GROUP.json, every such file rendered into bench:matmul.
+# docs/bench/matmul-MACHINE-GROUP.json, every such file rendered into bench:matmul-columns.
 # Usage: scripts/bench-vs.sh [THREADS] [GROUP...]   (default: all three; an otherwise idle machine)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,4 +51,4 @@ all=()
 for g in "${known[@]}"; do
     all+=(docs/bench/matmul-*-"$g".json)
 done
-$frigg bench render --matmul "${all[@]}" --markdown docs/benchmarks.md --key matmul
+$frigg bench render --matmul "${all[@]}" --markdown docs/benchmarks.md --key matmul-columns

@@ -508,7 +508,7 @@ struct MatmulArgs {
     mib: usize,
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Write the table into this markdown file (between bench:matmul markers).
+    /// Write the table into this markdown file (between bench:matmul-columns markers).
     #[arg(long)]
     markdown: Option<PathBuf>,
 }
@@ -715,7 +715,7 @@ fn bench_matmul(a: MatmulArgs) -> Result<(), String> {
             frigg::tools::bench::MatmulCell::markdown_header(),
             frigg::tools::bench::MatmulCell::markdown_rows(&all).join("\n")
         );
-        frigg::tools::bench::write_markdown_block(&p, "matmul", &body)?;
+        frigg::tools::bench::write_markdown_block(&p, "matmul-columns", &body)?;
     }
     if let Some(p) = json {
         write_json(&p, &all)?;
