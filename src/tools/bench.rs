@@ -972,7 +972,8 @@ pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
         }
     }
     backend.set_reference_kernels(false);
-    let mut cells: Vec<MatmulCell> = o
+    let load_after = loadavg();
+    let cells = o
         .columns
         .iter()
         .enumerate()
@@ -988,12 +989,8 @@ pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
             ggml_reference_s: best[i][1],
             ggml_fast_s: best[i][2],
             load_before,
-            load_after: 0.0,
+            load_after,
         })
         .collect();
-    let load_after = loadavg();
-    for c in &mut cells {
-        c.load_after = load_after;
-    }
     Ok(cells)
 }
