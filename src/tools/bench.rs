@@ -973,14 +973,15 @@ pub fn matmul(o: &MatmulOptions) -> Result<Vec<MatmulCell>, String> {
     }
     backend.set_reference_kernels(false);
     let load_after = loadavg();
+    let (machine, weights_in) = (machine(), model.placement());
     let cells = o
         .columns
         .iter()
         .enumerate()
         .map(|(i, &n)| MatmulCell {
-            machine: machine(),
+            machine: machine.clone(),
             file: file.clone(),
-            weights_in: model.placement(),
+            weights_in: weights_in.clone(),
             weight_bytes,
             n_weights: weights.len(),
             columns: n,
