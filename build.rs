@@ -17,6 +17,11 @@ fn main() {
         .or_else(|| std::env::var("FRIGG_GIT_COMMIT").ok().filter(|c| !c.is_empty()))
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=FRIGG_GIT_COMMIT={commit}");
+    // What this binary's CPU code is compiled for, for `frigg --version` and every benchmark
+    // table: a portable install's build name (scripts/build-variants.sh), else the target CPU.
+    println!("cargo:rerun-if-env-changed=FRIGG_VARIANT");
+    let built_for = std::env::var("FRIGG_VARIANT").ok().filter(|v| !v.is_empty()).unwrap_or_else(target_cpu);
+    println!("cargo:rustc-env=FRIGG_BUILT_FOR={built_for}");
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");
 

@@ -18,9 +18,10 @@ pub mod tools;
 /// frigg's version, ggml's version and the compute backends compiled in.
 pub fn long_version() -> String {
     format!(
-        "{} (commit {}, ggml {}, llama-cpp-sys-2 =0.1.161, backends: {}, CPU threads: {})",
+        "{} (commit {}, built for {}, ggml {}, llama-cpp-sys-2 =0.1.161, backends: {}, CPU threads: {})",
         env!("CARGO_PKG_VERSION"),
         env!("FRIGG_GIT_COMMIT"),
+        env!("FRIGG_BUILT_FOR"),
         ggml::version(),
         ggml::backend_names().join(", "),
         cpu_threading()

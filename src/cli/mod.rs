@@ -7,6 +7,8 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod variant;
+
 /// A library enum as a clap value: its names (and aliases) are the possible values.
 trait Choice: Copy + Send + Sync + 'static {
     const ALL: &'static [Self];
@@ -835,6 +837,10 @@ pub fn main() -> ExitCode {
         // scheduler step span closes.
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .init();
+    if let Err(e) = variant::run_chosen_build() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let version: &'static str = Box::leak(frigg::long_version().into_boxed_str());
     let matches = Cli::command().version(version).get_matches();
     let cli = match Cli::from_arg_matches(&matches) {

@@ -14,13 +14,18 @@ pub struct Machine {
     /// which of its kernels can run, and its extra buffer types (REPACK, AMX_INT8, …).
     #[serde(default)]
     pub ggml_cpu: Vec<String>,
+    /// What the frigg that measured was compiled for (`FRIGG_BUILT_FOR`: a portable install's
+    /// build name, else the target CPU), empty in files from before it was recorded.
+    #[serde(default)]
+    pub build: String,
 }
 
 impl Machine {
     /// "CPU · cores · memory · flags … · ggml CPU …", the line under every benchmark table.
     pub fn describe(&self) -> String {
+        let build = if self.build.is_empty() { String::new() } else { format!(" · frigg built for {}", self.build) };
         format!(
-            "{} · {} cores · {:.1} GiB · flags {} · ggml CPU features {}",
+            "{} · {} cores · {:.1} GiB · flags {} · ggml CPU features {}{build}",
             self.cpu,
             self.cores,
             self.mem_gib,
@@ -42,6 +47,7 @@ pub fn machine() -> Machine {
         mem_gib: meminfo_bytes("MemTotal").unwrap_or(0) as f64 / (1u64 << 30) as f64,
         cpu_flags: flags.split_whitespace().filter(|f| wanted.contains(f)).map(str::to_string).collect(),
         ggml_cpu: crate::ggml::compute::Backend::cpu_features(),
+        build: env!("FRIGG_BUILT_FOR").to_string(),
     }
 }
 
