@@ -19,10 +19,13 @@ read -r -a wanted <<< "$*"
 baseline="${BASELINE:-x86-64-v3}"
 target_root="${TARGET_ROOT:-target-variants}"
 variants_dir="$prefix/lib/frigg/variants"
+# An explicit --target keeps RUSTFLAGS off build scripts and proc macros, which run here: a
+# build for a CPU this one is not would otherwise stop on an illegal instruction while building.
+host="$(rustc -vV | sed -n 's/^host: //p')"
 
 # The target features rustc enables for these flags, one per line.
 rustc_features() {
-    rustc --print cfg "$@" | sed -n 's/^target_feature="\(.*\)"$/\1/p'
+    rustc --print cfg "$@" 2>/dev/null | sed -n 's/^target_feature="\(.*\)"$/\1/p'
 }
 
 build() { # NAME TARGET-CPU FEATURES(comma list or -)
@@ -41,11 +44,11 @@ build() { # NAME TARGET-CPU FEATURES(comma list or -)
     fi
     echo "building $name: RUSTFLAGS=\"$rust_flags\" CFLAGS=\"${cflags[*]}\"" >&2
     FRIGG_VARIANT="$name" RUSTFLAGS="$rust_flags" CFLAGS="${cflags[*]}" CXXFLAGS="${cflags[*]}" \
-        cargo build --release --locked --target-dir "$target_root/$name" >&2
+        cargo build --release --locked --target "$host" --target-dir "$target_root/$name" >&2
 }
 
 build "$baseline" "$baseline" -
-install -D -s -m 0755 "$target_root/$baseline/release/frigg" "$prefix/bin/frigg"
+install -D -s -m 0755 "$target_root/$baseline/$host/release/frigg" "$prefix/bin/frigg"
 
 mkdir -p "$variants_dir"
 manifest="$(mktemp)"
@@ -56,7 +59,7 @@ while read -r name cpu feats; do
         continue
     fi
     build "$name" "$cpu" "$feats"
-    install -D -s -m 0755 "$target_root/$name/release/frigg" "$variants_dir/$name"
+    install -D -s -m 0755 "$target_root/$name/$host/release/frigg" "$variants_dir/$name"
     # what the CPU must have: every feature rustc enables for the level, and the listed ones
     needs="$( { rustc_features -C "target-cpu=$cpu"; [ "$feats" = "-" ] || tr , '\n' <<< "$feats"; } | sort -u | paste -sd, -)"
     echo "$name $needs" >> "$manifest"

@@ -3,6 +3,7 @@
 # debootstrap, so no container registry is needed (this project's machines reach only the
 # package registries: Debian's, crates.io, PyPI, and Rust's dist server for rustup).
 #   scripts/container-build.sh [TAG]        # default frigg:cpu
+#   CPU_VARIANTS="x86-64-v4-amx" scripts/container-build.sh   # fewer builds beside the baseline
 # Then: podman run --rm -p 8080:8080 frigg:cpu   (the bundled demo model; see docs/deploy.md)
 # Needs root. Installs podman and debootstrap when missing. Writes what it did, and how long,
 # to docs/bench/container-build.json.
@@ -46,7 +47,7 @@ if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null && [ -f /etc/s
              --build-arg "CARGO_HTTP_CAINFO=$ca" --build-arg RUSTUP_USE_CURL=1)
 fi
 podman build --format docker --build-arg BASE="$base" --build-arg "FRIGG_GIT_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)" \
-    "${ca_args[@]}" -t "$tag" -f Containerfile .
+    ${CPU_VARIANTS+--build-arg "CPU_VARIANTS=$CPU_VARIANTS"} "${ca_args[@]}" -t "$tag" -f Containerfile .
 t2=$(date +%s)
 # The image answers: the demo model, a chat request, through the published port.
 port=18089
@@ -59,14 +60,18 @@ done
 answer=$(curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' -H 'authorization: Bearer smoke-key' \
     -d '{"model":"demo","messages":[{"role":"user","content":"Hvad er hovedstaden i Frankrig?"}],"max_tokens":8}')
 user=$(podman exec "$cid" id -u)
+# the builds the image carries, and the one it starts on this CPU
+variants=$(podman run --rm --entrypoint cat "$tag" /usr/local/lib/frigg/variants/manifest | grep -v '^#' | cut -d' ' -f1 | paste -sd' ' -)
+version=$(podman run --rm "$tag" --version)
 size=$(podman image inspect "$tag" --format '{{.Size}}')
-python3 - "$tag" "$((t1 - t0))" "$((t2 - t1))" "$user" "$size" "$answer" "$runtime_note" "$(podman --version)" <<'PY'
+python3 - "$tag" "$((t1 - t0))" "$((t2 - t1))" "$user" "$size" "$answer" "$runtime_note" "$(podman --version)" "$variants" "$version" <<'PY'
 import json, platform, sys
-tag, base_s, build_s, uid, size, answer, runtime, podman = sys.argv[1:]
+tag, base_s, build_s, uid, size, answer, runtime, podman, variants, version = sys.argv[1:]
 reply = json.loads(answer)["choices"][0]["message"]["content"]
 out = {"command": "scripts/container-build.sh", "tag": tag, "base": "debootstrap --variant=minbase bookworm",
        "base_s": int(base_s), "build_s": int(build_s), "image_bytes": int(size), "runs_as_uid": int(uid),
        "demo_reply": reply, "runtime": runtime, "podman": podman,
+       "builds_beside_baseline": variants.split(), "version_here": version,
        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())}
 json.dump(out, open("docs/bench/container-build.json", "w"), indent=2)
 print(json.dumps(out, indent=2))
