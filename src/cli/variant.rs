@@ -68,9 +68,7 @@ pub fn cpu_has(feature: &str) -> Option<bool> {
                 match feature {
                     $($name => Some(std::is_x86_feature_detected!($name)),)*
                     // std's detection of AMX is not stable yet
-                    "amx-bf16" => Some(amx(22)),
-                    "amx-tile" => Some(amx(24)),
-                    "amx-int8" => Some(amx(25)),
+                    "amx-bf16" | "amx-tile" | "amx-int8" => Some(frigg::ggml::os::cpu_has_amx(&feature[4..])),
                     _ => None,
                 }
             };
@@ -87,25 +85,6 @@ pub fn cpu_has(feature: &str) -> Option<bool> {
         let _ = feature;
         None
     }
-}
-
-/// AMX feature `bit` of CPUID leaf 7's EDX, with the tile registers enabled by the OS (XCR0 bits
-/// 17 and 18, XTILECFG and XTILEDATA).
-#[cfg(target_arch = "x86_64")]
-fn amx(bit: u32) -> bool {
-    use std::arch::x86_64::{__cpuid, __cpuid_count};
-    // leaf 7 is read only where leaf 0 says it exists
-    let leaf7 = (__cpuid(0).eax >= 7).then(|| __cpuid_count(7, 0).edx);
-    let os_tiles = || {
-        #[target_feature(enable = "xsave")]
-        unsafe fn xcr0() -> u64 {
-            // SAFETY: the caller checked that the OS enabled XSAVE.
-            unsafe { std::arch::x86_64::_xgetbv(0) }
-        }
-        // SAFETY: XGETBV runs only where std reports XSAVE enabled by the OS (CPUID OSXSAVE).
-        std::is_x86_feature_detected!("xsave") && unsafe { xcr0() } & (0b11 << 17) == 0b11 << 17
-    };
-    leaf7.is_some_and(|edx| edx & (1 << bit) != 0) && os_tiles()
 }
 
 /// The manifest of the install this executable belongs to, if it is a portable install's

@@ -1,5 +1,5 @@
-//! The operating-system calls frigg makes: mapping a file to read, and the signals the
-//! converter and the CLI handle.
+//! The operating-system calls frigg makes: mapping a file to read, the signals the converter
+//! and the CLI handle, and the CPU's AMX state (a portable install's choice of build).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -56,5 +56,36 @@ impl Drop for InterruptGuard {
             libc::signal(libc::SIGINT, self.previous[0]);
             libc::signal(libc::SIGTERM, self.previous[1]);
         }
+    }
+}
+
+/// Whether the CPU has AMX's `tile`, `int8` or `bf16` part (CPUID leaf 7, EDX bits 24, 25, 22)
+/// and the OS has enabled the tile registers (XCR0 bits 17 and 18, XTILECFG and XTILEDATA);
+/// false for any other name and off x86-64.
+pub fn cpu_has_amx(part: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        let bit = match part {
+            "tile" => 24,
+            "int8" => 25,
+            "bf16" => 22,
+            _ => return false,
+        };
+        // leaf 7 is read only where leaf 0 says it exists
+        let leaf7 = (__cpuid(0).eax >= 7).then(|| __cpuid_count(7, 0).edx);
+        #[target_feature(enable = "xsave")]
+        unsafe fn xcr0() -> u64 {
+            // SAFETY: the caller checked that the OS enabled XSAVE (CPUID OSXSAVE).
+            unsafe { std::arch::x86_64::_xgetbv(0) }
+        }
+        // SAFETY: XGETBV runs only where std reports XSAVE enabled by the OS.
+        let os_tiles = || std::is_x86_feature_detected!("xsave") && unsafe { xcr0() } & (0b11 << 17) == 0b11 << 17;
+        leaf7.is_some_and(|edx| edx & (1 << bit) != 0) && os_tiles()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = part;
+        false
     }
 }
