@@ -68,7 +68,7 @@ pub fn cpu_has(feature: &str) -> Option<bool> {
                 match feature {
                     $($name => Some(std::is_x86_feature_detected!($name)),)*
                     // std's detection of AMX is not stable yet
-                    "amx-bf16" | "amx-tile" | "amx-int8" => Some(frigg::ggml::os::cpu_has_amx(&feature[4..])),
+                    "amx-bf16" | "amx-tile" | "amx-int8" => Some(frigg::ggml::os::cpu_has_amx(feature)),
                     _ => None,
                 }
             };
@@ -108,15 +108,17 @@ pub fn run_chosen_build() -> Result<(), String> {
     };
     let text = std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
     let variants = parse_manifest(&text).map_err(|e| format!("{}: {e}", manifest.display()))?;
-    let Some(chosen) = choose(&variants, forced.as_deref(), cpu_has)? else {
-        tracing::info!("running the baseline build ({}): no build in {} needs only features this CPU has", env!("FRIGG_BUILT_FOR"), manifest.display());
-        return Ok(());
-    };
-    exec(&manifest.with_file_name(&chosen.name), &chosen.name)
+    match choose(&variants, forced.as_deref(), cpu_has)? {
+        Some(chosen) => exec(&manifest.with_file_name(&chosen.name), &chosen.name),
+        None if forced.is_some() => tracing::info!("running the baseline build ({}): FRIGG_CPU_VARIANT=baseline", env!("FRIGG_BUILT_FOR")),
+        None => tracing::info!("running the baseline build ({}): no build in {} needs only features this CPU has", env!("FRIGG_BUILT_FOR"), manifest.display()),
+    }
+    Ok(())
 }
 
+/// Replaces this process with the build at `path`; returns (with a warning) only if it cannot.
 #[cfg(unix)]
-fn exec(path: &Path, name: &str) -> Result<(), String> {
+fn exec(path: &Path, name: &str) {
     use std::os::unix::process::CommandExt;
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| "frigg".into());
@@ -124,13 +126,10 @@ fn exec(path: &Path, name: &str) -> Result<(), String> {
     let err = std::process::Command::new(path).arg0(arg0).args(args).exec();
     // exec returns only on failure: the baseline still runs on this CPU
     tracing::warn!("could not start the build {name} ({}): {err}; running the baseline ({})", path.display(), env!("FRIGG_BUILT_FOR"));
-    Ok(())
 }
 
 #[cfg(not(unix))]
-fn exec(_path: &Path, _name: &str) -> Result<(), String> {
-    Ok(())
-}
+fn exec(_path: &Path, _name: &str) {}
 
 #[cfg(test)]
 mod tests {

@@ -59,17 +59,17 @@ impl Drop for InterruptGuard {
     }
 }
 
-/// Whether the CPU has AMX's `tile`, `int8` or `bf16` part (CPUID leaf 7, EDX bits 24, 25, 22)
-/// and the OS has enabled the tile registers (XCR0 bits 17 and 18, XTILECFG and XTILEDATA);
-/// false for any other name and off x86-64.
-pub fn cpu_has_amx(part: &str) -> bool {
+/// Whether the CPU has the AMX feature `amx-tile`, `amx-int8` or `amx-bf16` (rustc's names;
+/// CPUID leaf 7, EDX bits 24, 25, 22) and the OS has enabled the tile registers (XCR0 bits 17
+/// and 18, XTILECFG and XTILEDATA); false for any other name and off x86-64.
+pub fn cpu_has_amx(feature: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__cpuid, __cpuid_count};
-        let bit = match part {
-            "tile" => 24,
-            "int8" => 25,
-            "bf16" => 22,
+        let bit = match feature {
+            "amx-tile" => 24,
+            "amx-int8" => 25,
+            "amx-bf16" => 22,
             _ => return false,
         };
         // leaf 7 is read only where leaf 0 says it exists
@@ -85,7 +85,7 @@ pub fn cpu_has_amx(part: &str) -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = part;
+        let _ = feature;
         false
     }
 }
