@@ -180,8 +180,9 @@ pub struct PlanInput<'a> {
 /// Timed computes per arm and round, after one warm-up compute (the round's figure is their median).
 const REPS: usize = 1;
 
-/// The same for decode attention, one op of a fraction of a millisecond, whose single computes
-/// vary by more than the arms differ: five fresh timings on the no-AMX Xeon (bf16 engine of 4 streams,
+/// The same for decode attention wherever it is timed (its own choice, and its share of the
+/// reference-kernel switch), one op of a fraction of a millisecond whose single computes vary by
+/// more than the arms differ: five fresh timings on the no-AMX Xeon (bf16 engine of 4 streams,
 /// 768 cells) put the extension's one-stream attention between 2% ahead of flash attention's and
 /// 7% behind with one compute per round (one more read 11% behind), and 4-11% ahead with the
 /// median of 15 (0.148-0.157 against 0.162-0.167 ms); per batch size such a difference decides
@@ -260,7 +261,7 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
             input.backend.set_reference_kernels(reference);
             let mut s = ext::time_decode_matmuls(input.backend, &input.weights, n, matmul.extension, false, REPS)?.0;
             if !attention.extension {
-                s += ext::time_decode_attention(input.backend, attention_shape(n), false, REPS)?;
+                s += ext::time_decode_attention(input.backend, attention_shape(n), false, ATTENTION_REPS)?;
             }
             Some(s)
         });
