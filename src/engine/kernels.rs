@@ -63,8 +63,8 @@ pub fn prefer_extension(ext: Option<f64>, ggml: Option<f64>) -> bool {
     }
 }
 
-/// One batch size's timings, each arm's fastest round in seconds; `ext` None where the extension
-/// has no kernel at this batch size or both arms run the same ops (then `ggml` is None too).
+/// One batch size's timings, each arm's fastest round in seconds. Both None where the two arms run
+/// the same ops; `ext` alone None where the extension has no kernel for the op or its op failed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AtBatch {
     pub n_stream: usize,
@@ -73,8 +73,12 @@ pub struct AtBatch {
 }
 
 /// The decision rule over an engine's batch sizes: of those where the arms differ, the extension
-/// must win the sum (`prefer_extension`) and lose none by more than `MAX_LOSS`.
+/// must win the sum (`prefer_extension`) and lose none by more than `MAX_LOSS`; a batch size where
+/// only ggml's op gave a timing (the extension's failed) rules the extension out.
 pub fn prefer_extension_at(times: &[AtBatch]) -> bool {
+    if times.iter().any(|t| t.ext.is_none() && t.ggml.is_some()) {
+        return false;
+    }
     let differ: Vec<&AtBatch> = times.iter().filter(|t| t.ext.is_some()).collect();
     let ext: Option<f64> = differ.iter().map(|t| t.ext).sum();
     let ggml: Option<f64> = differ.iter().map(|t| t.ggml).sum();
@@ -507,6 +511,8 @@ mod tests {
         assert!(!prefer_extension_at(&[]));
         // ggml's op failed where the extension's ran: the extension's
         assert!(prefer_extension_at(&[at(1, Some(1.0), None), at(4, Some(1.0), Some(1.0))]));
+        // the extension's op failed at one batch size: ggml's, however it did at the others
+        assert!(!prefer_extension_at(&[at(1, Some(0.5), Some(1.0)), at(4, None, Some(1.0))]));
     }
 
     #[test]
