@@ -106,6 +106,60 @@ static inline void hrm_prefetch_row(const void * row, size_t row_bytes) {
 // for the block twice over ([d0 .. d3, d0 .. d3]), so lane c of either half is column c's, and
 // each column's is broadcast within the halves. d_w·d_x is the same IEEE product as ggml's scalar
 // one: every lane's arithmetic is unchanged.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+// Two columns per 16-lane register: lanes 0..7 are column c's 8-lane AVX2 register, lanes 8..15
+// column c+1's, lane for lane the same arithmetic (vpdpbusd's sum of four byte products is
+// maddubs-then-madd's, which cannot saturate: Q8_0 activations lie in [-127, 127]), so each
+// column's bits are the AVX2 form's and ggml's one-column vec_dot's. A lone third (or only)
+// column runs in 8 lanes.
+static inline __attribute__((always_inline)) void hrm_q8_0_row(
+        const struct hrm_q8_0 * wr, int64_t nb, const struct hrm_q8_0 * xq, const float * xs, const int NC, float * out) {
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i pick01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i pick23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+    __m512 acc01 = _mm512_setzero_ps(), acc23 = acc01;
+    __m256 acc_odd = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i qx = _mm256_loadu_si256((const __m256i *) wr[b].qs);
+        const __m512i qx2 = _mm512_broadcast_i64x4(qx);
+        const __m512i ax = _mm512_abs_epi8(qx2);
+        const __mmask64 negative = _mm512_movepi8_mask(qx2);
+        const __m256 s = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(wr[b].d)), _mm256_loadu_ps(xs + b * 8));
+        const __m512 s2 = _mm512_castps256_ps512(s);
+#define HRM_Q8_0_PAIR(c, acc, pick)                                                                                      \
+        {                                                                                                                  \
+            const __m512i xc = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) xq[(c) * nb + b].qs)), \
+                                                  _mm256_loadu_si256((const __m256i *) xq[((c) + 1) * nb + b].qs), 1);   \
+            const __m512i sy = _mm512_mask_sub_epi8(xc, negative, zero, xc);                                              \
+            const __m512i dot = _mm512_dpbusd_epi32(zero, ax, sy);                                                          \
+            acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, s2), _mm512_cvtepi32_ps(dot), acc);                        \
+        }
+#define HRM_Q8_0_LONE(c, mask)                                                                                           \
+        {                                                                                                                  \
+            const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) xq[(c) * nb + b].qs), qx);           \
+            const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm512_castsi512_si256(ax), sy);              \
+            acc_odd = _mm256_fmadd_ps(_mm256_permute_ps(s, mask), _mm256_cvtepi32_ps(dot), acc_odd);                      \
+        }
+        if (NC == 1) HRM_Q8_0_LONE(0, 0x00)
+        if (NC >= 2) HRM_Q8_0_PAIR(0, acc01, pick01)
+        if (NC == 3) HRM_Q8_0_LONE(2, 0xAA)
+        if (NC == 4) HRM_Q8_0_PAIR(2, acc23, pick23)
+#undef HRM_Q8_0_PAIR
+#undef HRM_Q8_0_LONE
+    }
+    if (NC == 1) {
+        out[0] = hrm_hsum(acc_odd);
+        return;
+    }
+    out[0] = hrm_hsum(_mm512_castps512_ps256(acc01));
+    out[1] = hrm_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc01), 1)));
+    if (NC == 3) out[2] = hrm_hsum(acc_odd);
+    if (NC == 4) {
+        out[2] = hrm_hsum(_mm512_castps512_ps256(acc23));
+        out[3] = hrm_hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc23), 1)));
+    }
+}
+#else
 static inline __attribute__((always_inline)) void hrm_q8_0_row(
         const struct hrm_q8_0 * wr, int64_t nb, const struct hrm_q8_0 * xq, const float * xs, const int NC, float * out) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -131,6 +185,7 @@ static inline __attribute__((always_inline)) void hrm_q8_0_row(
     if (NC > 2) out[2] = hrm_hsum(acc2);
     if (NC > 3) out[3] = hrm_hsum(acc3);
 }
+#endif
 
 // dst [R, N] F32 = src0 (Q8_0 [K, R]) · src1 (F32 [K, N], contiguous rows). Threads split the rows.
 static void hrm_mul_mat_q8_0_op(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
