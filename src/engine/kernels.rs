@@ -225,7 +225,12 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
         // extension's first round finds that, and ggml's arm is then not timed (it would only add
         // noise)
         let same_ops = std::cell::RefCell::new(Vec::new());
-        time_at(&mut cache, &format!("matmul|{}", input.key), &batches, |extension, n| {
+        // A batched engine of several streams then chooses ggml's kernel set by timing: ggml's
+        // arm is its faster set at each batch size (on some CPUs ggml's one-row BF16 dot products
+        // beat both its tiled GEMM and the extension's kernel), so that choice can still take it.
+        let either_set = reference_kernels_by_shape(input.invariant, input.n_stream).is_none();
+        let key = if either_set { format!("matmul|{}|ggml's faster set", input.key) } else { format!("matmul|{}", input.key) };
+        time_at(&mut cache, &key, &batches, |extension, n| {
             if same_ops.borrow().contains(&n) {
                 return None;
             }
@@ -233,6 +238,12 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
             if extension && !used {
                 same_ops.borrow_mut().push(n);
                 return None;
+            }
+            if !extension && either_set {
+                input.backend.set_reference_kernels(true);
+                let reference = ext::time_decode_matmuls(input.backend, &input.weights, n, false, input.invariant, REPS);
+                input.backend.set_reference_kernels(false);
+                return Some(reference.map_or(s, |(r, _)| r.min(s)));
             }
             Some(s)
         })
