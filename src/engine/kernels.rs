@@ -219,6 +219,8 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
     let t0 = std::time::Instant::now();
     let batches: Vec<usize> = if input.n_stream > 1 { vec![1, input.n_stream] } else { vec![1] };
     let mut cache = Cache::load();
+    // None: a batched engine of several streams, which times ggml's kernel set below
+    let kernel_set_by_shape = reference_kernels_by_shape(input.invariant, input.n_stream);
     let matmul = decide(matmul, || {
         // where the extension has no kernel (one column of Q8_0), or the engine takes it either
         // way (a batch-invariant engine's repacked Q4_K weights), both arms run the same ops: the
@@ -228,7 +230,7 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
         // A batched engine of several streams then chooses ggml's kernel set by timing: ggml's
         // arm is its faster set at each batch size (on some CPUs ggml's one-row BF16 dot products
         // beat both its tiled GEMM and the extension's kernel), so that choice can still take it.
-        let either_set = reference_kernels_by_shape(input.invariant, input.n_stream).is_none();
+        let either_set = kernel_set_by_shape.is_none();
         let key = if either_set { format!("matmul|{}|ggml's faster set", input.key) } else { format!("matmul|{}", input.key) };
         time_at(&mut cache, &key, &batches, |extension, n| {
             if same_ops.borrow().contains(&n) {
@@ -270,7 +272,7 @@ pub fn plan(input: &PlanInput, choices: KernelChoices) -> KernelPlan {
     // switch changes in a decode step (ggml's matmuls, and its flash attention where that was
     // chosen), timed both ways with the choices above; ggml's own op fusion, which the reference
     // set also turns off, is not timed.
-    let reference_kernels = reference_kernels_by_shape(input.invariant, input.n_stream).unwrap_or_else(|| {
+    let reference_kernels = kernel_set_by_shape.unwrap_or_else(|| {
         let key = format!("reference kernels|{}|{}|{}|{n_kv}", input.key, matmul.extension, attention.extension);
         let t = time_at(&mut cache, &key, &batches, |reference, n| {
             input.backend.set_reference_kernels(reference);
