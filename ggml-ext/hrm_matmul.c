@@ -360,9 +360,9 @@ _Static_assert(sizeof(struct hrm_q8_K) == 292, "ggml's block_q8_K");
 #endif
 // The two-group forms request the weights HRM_Q4_PREFETCH bytes ahead of each block they read,
 // block by block, into L1. Without it the pair form's work per byte did not overlap the reads:
-// on the Zen 5 EPYC, `bench matmul` on Q4_0, 4 columns, it took 27-29 ms as the AVX2 form did;
-// 19-22 ms with 8 KiB, 22-31 ms with 4 KiB. Requesting a whole unit ahead at once, as
-// hrm_prefetch_row does for a Q8_0 row, slowed one column from 13-16 to 28-30 ms.
+// on the Zen 5 EPYC, `bench matmul` on Q4_0, 4 columns, it took 27-30 ms, the AVX2 form 28-35;
+// 19-22.5 ms with 8 KiB, 22-31 ms with 4 KiB. Requesting a whole unit ahead at once, as
+// hrm_prefetch_row does for a Q8_0 row, slowed one column from 13-16 to 20-30 ms.
 #ifndef HRM_Q4_PREFETCH
 #define HRM_Q4_PREFETCH 8192
 #endif
