@@ -638,6 +638,13 @@ _Static_assert(sizeof(struct hrm_q4_0x8) == 144, "ggml's block_q4_0x8");
 #define HRM_Q4_0_GROUPS 1
 #endif
 
+// Bytes p[0..3] in every 32-bit lane (one broadcast load).
+static inline __attribute__((always_inline)) __m256i hrm_set1_4bytes(const int8_t * p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
 static int hrm_is_repacked_q4_0(const struct ggml_tensor * w) {
     return w->type == GGML_TYPE_Q4_0 && w->buffer != NULL &&
            strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "CPU_REPACK") == 0 &&
@@ -671,13 +678,12 @@ static inline __attribute__((always_inline)) void hrm_q4_0_group(
             }
         }
         const __m256 col_scale = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) w[b].d), changemask));
-        for (int c = 0; c < NC; ++c) {
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; ++c) {  // unrolled: acc[c] stays in a register
             const int8_t * a = xq[c][b].qs;
-            int32_t g[8];
-            memcpy(g, a, sizeof g);
-            __m256i i16 = _mm256_maddubs_epi16(rhs[0], _mm256_set1_epi32(g[0]));
+            __m256i i16 = _mm256_maddubs_epi16(rhs[0], hrm_set1_4bytes(a));
             for (int j = 1; j < 8; ++j) {
-                i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[j], _mm256_set1_epi32(g[j])));
+                i16 = _mm256_add_epi16(i16, _mm256_maddubs_epi16(rhs[j], hrm_set1_4bytes(a + 4 * j)));
             }
             const __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(i16, ones), _mm256_set1_epi32(xsum[c][b]));
             const __m256 row_scale = _mm256_set1_ps(xd[c][b]);
